@@ -1,0 +1,235 @@
+"""One validated configuration object: TOML file + ``HEALTHBOT_*`` environment overrides.
+
+Triton-style: every serving knob lives here with a documented default and is
+validated at start-up; no other module reads the environment. Secrets (WeChat
+token and AES key, Telegram token) come only from the environment.
+
+Environment overrides: ``HEALTHBOT_<SECTION>_<KEY>`` (e.g.
+``HEALTHBOT_INFERENCE_MAX_QUEUE_DELAY_MS=5``), plus the documented short names
+``HEALTHBOT_WECHAT_TOKEN``, ``HEALTHBOT_WECHAT_APPID``, ``HEALTHBOT_WECHAT_AES_KEY``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or has a bad value; the message names the key."""
+
+
+@dataclass
+class ServerConfig:
+    """HTTP server. ``host``/``port``: listening address (loopback by default)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 64 * 1024  # larger webhook bodies get 413
+
+
+@dataclass
+class WechatConfig:
+    """WeChat official account (https://developers.weixin.qq.com/doc/offiaccount/).
+
+    ``mode``: ``plaintext`` | ``compatible`` | ``safe`` (AES message encryption).
+    ``reply_budget_s``: time the webhook waits for an answer before giving up on a
+    passive reply; WeChat itself waits 5 s (see adapters/wechat_constants.py).
+    ``timestamp_window_s``: requests whose ``timestamp`` is further from now are
+    rejected as replays.
+    """
+
+    token: str = ""
+    appid: str = ""
+    aes_key: str = ""
+    mode: str = "plaintext"
+    account_type: str = "subscription"
+    reply_budget_s: float = 4.0
+    timestamp_window_s: int = 300
+
+
+@dataclass
+class InferenceConfig:
+    """Inference pool and dynamic batcher (ARCHITECTURE.md, "The inference pool").
+
+    ``max_queue_delay_ms``: how long a batch may wait for more requests after its
+    first one (Triton's ``max_queue_delay_microseconds``; 0 = never wait).
+    ``max_batch_tokens``: padded-cost budget per batch (longest × count), as in
+    text-embeddings-inference. ``max_queue_size``: pending requests beyond this
+    fail fast with a "busy" error. ``deadline_ms``: per-request deadline.
+    ``intra_op_threads``: ONNX Runtime threads per session (0 = runtime default).
+    """
+
+    engines_dir: str = "engines"
+    engine_order: list[str] = field(default_factory=lambda: ["onnxruntime"])
+    workers: int = 1
+    max_batch_size: int = 32
+    max_batch_tokens: int = 8192
+    max_queue_delay_ms: float = 10.0
+    max_queue_size: int = 1024
+    deadline_ms: float = 2000.0
+    intra_op_threads: int = 0
+
+
+@dataclass
+class KnowledgeConfig:
+    """Knowledge base and retrieval.
+
+    ``kb_dir``: folder of topic YAML files (default: the packaged ``bot/kb``).
+    ``min_confidence``: below this calibrated confidence the intent is ``no_answer``.
+    """
+
+    kb_dir: str = ""
+    min_confidence: float = 0.5
+
+
+@dataclass
+class SafetyConfig:
+    """Emergency numbers by language (topics.yaml "Intents": 120 mainland China;
+    112/911 abroad) and the crisis line (12356, China's national mental-health line)."""
+
+    emergency_number_zh: str = "120"
+    emergency_number_en: str = "112 / 911"
+    crisis_line_zh: str = "12356"
+    crisis_line_en: str = "988 (US) / your local crisis line"
+
+
+@dataclass
+class Config:
+    """The whole effective configuration."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    wechat: WechatConfig = field(default_factory=WechatConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    data_dir: str = "data"
+
+    def path(self, value: str) -> Path:
+        """Resolve a configured path relative to the repository root."""
+        p = Path(value)
+        return p if p.is_absolute() else REPO_ROOT / p
+
+    @property
+    def engines_path(self) -> Path:
+        return self.path(self.inference.engines_dir)
+
+    @property
+    def kb_path(self) -> Path:
+        return self.path(self.knowledge.kb_dir) if self.knowledge.kb_dir else Path(__file__).parent / "kb"
+
+
+_SECRET_ENV = {
+    "HEALTHBOT_WECHAT_TOKEN": ("wechat", "token"),
+    "HEALTHBOT_WECHAT_APPID": ("wechat", "appid"),
+    "HEALTHBOT_WECHAT_AES_KEY": ("wechat", "aes_key"),
+}
+_SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key")}
+
+
+def _coerce(section: str, key: str, current: Any, value: Any) -> Any:
+    name = f"{section}.{key}" if section else key
+    try:
+        if isinstance(current, bool):
+            if isinstance(value, str):
+                return value.strip().lower() in ("1", "true", "yes", "on")
+            return bool(value)
+        if isinstance(current, int) and not isinstance(current, bool):
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+        if isinstance(current, list):
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            return list(value)
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config key {name!r}: bad value {value!r} ({exc})") from None
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any) -> None:
+    target = getattr(cfg, section) if section else cfg
+    names = {f.name for f in dataclasses.fields(target)}
+    if key not in names:
+        raise ConfigError(f"unknown config key {section + '.' if section else ''}{key!r}")
+    setattr(target, key, _coerce(section, key, getattr(target, key), value))
+
+
+def _validate(cfg: Config) -> None:
+    if cfg.wechat.mode not in ("plaintext", "compatible", "safe"):
+        raise ConfigError(f"config key 'wechat.mode': {cfg.wechat.mode!r} is not plaintext|compatible|safe")
+    if cfg.wechat.account_type not in ("subscription", "service"):
+        raise ConfigError(f"config key 'wechat.account_type': {cfg.wechat.account_type!r} is not subscription|service")
+    if cfg.wechat.mode != "plaintext" and len(cfg.wechat.aes_key) != 43:
+        raise ConfigError("config key 'wechat.aes_key': the EncodingAESKey must be 43 characters in compatible/safe mode")
+    inf = cfg.inference
+    for key in ("max_batch_size", "max_queue_size", "workers", "max_batch_tokens"):
+        if getattr(inf, key) < 1:
+            raise ConfigError(f"config key 'inference.{key}': must be >= 1")
+    if inf.max_queue_delay_ms < 0 or inf.deadline_ms <= 0:
+        raise ConfigError("config key 'inference.max_queue_delay_ms' must be >= 0 and 'inference.deadline_ms' > 0")
+    if not 0.0 <= cfg.knowledge.min_confidence <= 1.0:
+        raise ConfigError("config key 'knowledge.min_confidence': must be in [0, 1]")
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> Config:
+    """Build the effective config: defaults < TOML file < environment < ``overrides``.
+
+    Args:
+        path: optional TOML file; ``HEALTHBOT_CONFIG`` in ``env`` is used if None.
+        env: environment mapping (default ``os.environ``).
+        overrides: dotted keys (``"server.port"``) set last, e.g. from CLI flags.
+
+    Raises:
+        ConfigError: unknown key or invalid value, naming the key.
+    """
+    env = os.environ if env is None else env
+    cfg = Config()
+    path = path or env.get("HEALTHBOT_CONFIG")
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+        for section, body in data.items():
+            if isinstance(body, dict):
+                if section not in {f.name for f in dataclasses.fields(cfg)}:
+                    raise ConfigError(f"unknown config section {section!r}")
+                for key, value in body.items():
+                    if (section, key) in _SECRET_KEYS:
+                        raise ConfigError(f"config key '{section}.{key}' is a secret: set it in the environment")
+                    _apply(cfg, section, key, value)
+            else:
+                _apply(cfg, "", section, body)
+    sections = {f.name for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(getattr(cfg, f.name))}
+    for name, value in env.items():
+        if name in _SECRET_ENV:
+            _apply(cfg, *_SECRET_ENV[name], value)
+        elif name.startswith("HEALTHBOT_") and name not in ("HEALTHBOT_CONFIG",):
+            rest = name[len("HEALTHBOT_"):].lower()
+            section, _, key = rest.partition("_")
+            if section in sections and key:
+                _apply(cfg, section, key, value)
+            elif rest == "data_dir":
+                _apply(cfg, "", "data_dir", value)
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.rpartition(".")
+        _apply(cfg, section, key, value)
+    _validate(cfg)
+    return cfg
+
+
+def redacted(cfg: Config) -> dict[str, Any]:
+    """The config as a dict with secrets replaced by ``"***"`` (for logs and ``config show``)."""
+    out = dataclasses.asdict(cfg)
+    for section, key in _SECRET_KEYS:
+        if out[section][key]:
+            out[section][key] = "***"
+    return out
