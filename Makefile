@@ -1,0 +1,42 @@
+# healthbot — two commands on a fresh machine:
+#   make serve   virtualenv + install + prepare the default model if missing + serve on 127.0.0.1:8080
+#   make test    the same set-up, then the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+HOST   ?= 127.0.0.1
+PORT   ?= 8080
+
+.PHONY: serve test model eval bench kb-check clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# CPU build of PyTorch (only model preparation uses it; serving needs ONNX Runtime alone)
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+engines/manifest.json: | $(STAMP)
+	$(BIN)/healthbot prepare-model
+
+model: engines/manifest.json
+
+serve: $(STAMP) engines/manifest.json
+	$(BIN)/healthbot serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP) engines/manifest.json
+	$(BIN)/python -m pytest -q
+
+eval: $(STAMP) engines/manifest.json
+	$(BIN)/healthbot eval ../shared/eval/dev.jsonl
+
+bench: $(STAMP) engines/manifest.json
+	$(BIN)/healthbot bench
+
+kb-check: $(STAMP)
+	$(BIN)/healthbot kb check
+
+clean:
+	rm -rf $(VENV) engines/*.onnx engines/*.json engines/*.engine data/cache

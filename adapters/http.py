@@ -1,0 +1,44 @@
+"""Plain HTTP JSON API: ``POST /api/chat`` (for the local web chat, tests and integrations).
+
+Request: ``{"text": str, "user_id": str (optional), "message_id": str (optional,
+a retry with the same id gets the same reply), "lang": "zh"|"en" (optional)}``.
+Response: the JSON of :meth:`bot.types.Reply.as_dict`. A body that is not such a
+JSON object gets 400 with an ``error`` message.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from aiohttp import web
+
+from bot.types import Inbound, MessageKind
+
+MAX_TEXT_CHARS = 2000  # longer questions are refused with 400; no channel sends more in one message
+
+
+def setup_http(app: web.Application, dispatcher) -> None:
+    """Add ``POST /api/chat`` to ``app``, answering through ``dispatcher.handle``."""
+
+    async def chat(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.json_response({"error": "body must be a JSON object"}, status=400)
+        if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+            return web.json_response({"error": "field 'text' (string) is required"}, status=400)
+        text = body["text"]
+        if len(text) > MAX_TEXT_CHARS:
+            return web.json_response({"error": f"text is longer than {MAX_TEXT_CHARS} characters"}, status=400)
+        lang = body.get("lang")
+        if lang not in (None, "zh", "en"):
+            return web.json_response({"error": "field 'lang' must be 'zh' or 'en'"}, status=400)
+        user = str(body.get("user_id") or "anonymous")
+        inbound = Inbound(channel="http", user_id=user, chat_id=user,
+                          message_id=str(body.get("message_id") or uuid.uuid4()),
+                          kind=MessageKind.TEXT, text=text, lang=lang)
+        reply = await dispatcher.handle(inbound)
+        return web.json_response(reply.as_dict())
+
+    app.router.add_post("/api/chat", chat)

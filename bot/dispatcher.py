@@ -1,0 +1,125 @@
+"""The one async dispatcher every channel calls: Inbound -> Reply.
+
+Order of checks (ARCHITECTURE.md, "One message, end to end"):
+
+1. dedup on (channel, message_id) — channel retries get the same reply, computed once;
+2. message kind — follow events get the greeting, non-text a helpful text;
+3. safety.triage — emergencies and crises first, with no knowledge-base advice;
+4. rule intents — greeting, handoff request, out of scope;
+5. scope rules — diagnosis, dose, prescription, stopping medicine, reading a
+   report: a kind refusal naming the department (refer_doctor);
+6. knowledge retrieval — an answer above the confidence threshold, else no_answer;
+7. safety.review + disclaimer on every health text; the reply follows the
+   user's script (Traditional in, Traditional out).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from bot.config import Config
+from bot.dedup import OnceCache
+from bot.intents import intent_reply, rule_intent, unsupported_reply
+from bot.knowledge import KnowledgeBase
+from bot.retrieval import Retriever
+from bot.types import Inbound, Intent, MessageKind, Reply
+from inference.batcher import BusyError, DeadlineExceeded
+from safety.disclaimer import with_disclaimer
+from safety.normalize import normalize, to_user_script
+from safety.pii import mask_pii
+from safety.review import review
+from safety.scope import check_scope
+from safety.triage import triage
+
+log = structlog.get_logger("healthbot.dispatch")
+
+BUSY_REPLY = {
+    "zh": "现在咨询的人有点多，请稍等几秒再发一次您的问题，谢谢您的耐心。",
+    "en": "I'm a little busy right now. Please send your question again in a few seconds.",
+}
+VOICE_OFF_REPLY = {
+    "zh": "本账号暂未开启语音识别，请用文字描述您的问题，例如：“失眠怎么调理”。",
+    "en": "Voice recognition is not switched on for this account. Please type your question.",
+}
+
+
+class Dispatcher:
+    """Decides and composes the reply to each message, exactly once per message.
+
+    Args:
+        cfg: the effective configuration.
+        kb: the knowledge base (swappable at run time through :attr:`retriever`).
+        retriever: hybrid retrieval over ``kb`` (owns the encoder).
+    """
+
+    def __init__(self, cfg: Config, retriever: Retriever):
+        self.cfg = cfg
+        self.retriever = retriever
+        self.once: OnceCache[Reply] = OnceCache()
+
+    @property
+    def kb(self) -> KnowledgeBase:
+        return self.retriever.kb
+
+    async def handle(self, inbound: Inbound) -> Reply:
+        """The reply to ``inbound``; a retried message returns the first computation's reply.
+
+        Never raises for bad input or an overloaded pool: those become polite replies.
+        """
+        return await self.once.run((inbound.channel, inbound.message_id), lambda: self._timed(inbound))
+
+    async def _timed(self, inbound: Inbound) -> Reply:
+        start = time.perf_counter()
+        reply, extra = await self._decide(inbound)
+        latency_ms = (time.perf_counter() - start) * 1000.0
+        reply = Reply(**{**reply.__dict__, "latency_ms": latency_ms})
+        log.info("reply", channel=inbound.channel, user=mask_pii(inbound.user_id), message_id=inbound.message_id,
+                 intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
+                 engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2), **extra)
+        return reply
+
+    async def _decide(self, inbound: Inbound) -> tuple[Reply, dict[str, Any]]:
+        text = inbound.text or ""
+        norm = normalize(text)
+        lang = inbound.lang or norm.lang
+        if inbound.kind is MessageKind.SUBSCRIBE:
+            return Reply(intent_reply(Intent.GREETING, lang), Intent.GREETING, lang), {}
+        if inbound.kind is MessageKind.EVENT:
+            return Reply("", Intent.SYSTEM, lang), {}
+        if inbound.kind is MessageKind.UNSUPPORTED:
+            if inbound.raw.get("type") == "voice":
+                return Reply(VOICE_OFF_REPLY[lang], Intent.SYSTEM, lang), {"unsupported": "voice"}
+            return Reply(unsupported_reply(lang), Intent.SYSTEM, lang), {"unsupported": inbound.raw.get("type")}
+        if not norm.text.strip():
+            return Reply(intent_reply(Intent.GREETING, lang), Intent.GREETING, lang), {}
+
+        def out(body: str, intent: Intent, **kw: Any) -> Reply:
+            return Reply(to_user_script(body, norm.script), intent, lang, **kw)
+
+        urgent = triage(norm.text, lang, self.cfg.safety)
+        if urgent is not None:
+            return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind}
+        intent = rule_intent(norm)
+        if intent is not None:
+            return out(intent_reply(intent, lang), intent, handoff=intent is Intent.HANDOFF), {}
+        scope = check_scope(norm.text, lang)
+        if scope is not None:
+            return out(with_disclaimer(scope.reply, lang), Intent.REFER_DOCTOR), {"rule": scope.reason}
+        try:
+            matches = await self.retriever.search(norm.text)
+        except (BusyError, DeadlineExceeded) as exc:
+            return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
+        engine = self.retriever.encoder.engine_name
+        best = matches[0]
+        if best.confidence < self.cfg.knowledge.min_confidence:
+            body = with_disclaimer(intent_reply(Intent.NO_ANSWER, lang), lang)
+            return out(body, Intent.NO_ANSWER, confidence=best.confidence, engine=engine,
+                       handoff=True), {"best_topic": best.topic_id}
+        topic = self.kb.topics[best.topic_id]
+        checked = review(topic.render(lang), lang)
+        body = with_disclaimer(checked.text, lang)
+        return out(body, Intent.ANSWER, topic=topic.id, confidence=best.confidence, engine=engine), (
+            {"review_blocked": checked.reasons} if checked.blocked else {})

@@ -1,0 +1,216 @@
+"""The curated knowledge base: loading, schema validation, rendering of answers.
+
+File format: docs/kb_schema.md (one YAML file per category under ``bot/kb/``).
+The topic catalogue (``bot/catalogue.yaml``, a copy of ../shared/topics.yaml) is
+the contract with the evaluation files: every catalogue id must be covered.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adapters.wechat_constants import PASSIVE_TEXT_MAX_BYTES
+from safety.disclaimer import with_disclaimer
+
+LANGS = ("zh", "en")
+
+#: Character limits per field (docs/kb_schema.md). They keep a rendered answer,
+#: with source line and disclaimer, inside one WeChat passive reply
+#: (PASSIVE_TEXT_MAX_BYTES = 2048 bytes; a CJK character is 3 bytes in UTF-8).
+FIELD_LIMITS: dict[str, dict[str, int]] = {
+    "answer": {"zh": 260, "en": 700},
+    "see_doctor": {"zh": 100, "en": 280},
+}
+
+CATALOGUE_PATH = Path(__file__).parent / "catalogue.yaml"
+DEFAULT_KB_DIR = Path(__file__).parent / "kb"
+
+
+class KnowledgeBaseError(ValueError):
+    """The knowledge base is invalid. ``problems`` lists each one as "file: field: what"."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("knowledge base invalid:\n  " + "\n  ".join(problems))
+
+
+@dataclass(frozen=True)
+class Source:
+    """A named public authoritative source and the recommendation it backs."""
+
+    name: dict[str, str]
+    backs: str
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One knowledge-base topic, bilingual (``zh`` Simplified Chinese, ``en`` English)."""
+
+    id: str
+    category: str
+    reviewed: str
+    title: dict[str, str]
+    questions: dict[str, list[str]]
+    answer: dict[str, str]
+    see_doctor: dict[str, str]
+    sources: tuple[Source, ...]
+    file: str
+
+    def render(self, lang: str) -> str:
+        """The reply body in ``lang`` (answer, when to see a doctor, sources), no disclaimer."""
+        names = "；".join(s.name[lang] for s in self.sources) if lang == "zh" else "; ".join(
+            s.name[lang] for s in self.sources)
+        if lang == "zh":
+            return f"{self.answer['zh']}\n【何时就医】{self.see_doctor['zh']}\n【来源】{names}"
+        return f"{self.answer['en']}\nWhen to see a doctor: {self.see_doctor['en']}\nSource: {names}"
+
+
+@dataclass(frozen=True)
+class KnowledgeBase:
+    """All topics, by id, plus a content hash (sha256 of the files) for caches."""
+
+    topics: dict[str, Topic]
+    digest: str
+
+    def __len__(self) -> int:
+        return len(self.topics)
+
+
+def _bilingual(where: str, value: Any, field: str, problems: list[str], limit: dict[str, int] | None = None,
+               kind: type = str) -> dict:
+    if not isinstance(value, dict):
+        problems.append(f"{where}: {field}: missing or not a mapping with zh/en")
+        return {}
+    out = {}
+    for lang in LANGS:
+        v = value.get(lang)
+        if kind is str:
+            if not isinstance(v, str) or not v.strip():
+                problems.append(f"{where}: {field}.{lang}: missing or empty")
+                continue
+            v = v.strip()
+            if limit and len(v) > limit[lang]:
+                problems.append(f"{where}: {field}.{lang}: {len(v)} characters, limit {limit[lang]}")
+        else:
+            if not isinstance(v, list) or not v or not all(isinstance(q, str) and q.strip() for q in v):
+                problems.append(f"{where}: {field}.{lang}: needs a non-empty list of strings")
+                continue
+            v = [q.strip() for q in v]
+        out[lang] = v
+    return out
+
+
+def _parse_topic(file: str, index: int, raw: Any, category: str, problems: list[str]) -> Topic | None:
+    where = f"{file}: topics[{index}]"
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: not a mapping")
+        return None
+    tid = raw.get("id")
+    if not isinstance(tid, str) or not tid:
+        problems.append(f"{where}: id: missing")
+        return None
+    where = f"{file}: {tid}"
+    if not tid.startswith(category + "."):
+        problems.append(f"{where}: id: does not start with the file's category {category!r}")
+    n_before = len(problems)
+    reviewed = raw.get("reviewed")
+    if isinstance(reviewed, _dt.date):
+        reviewed = reviewed.isoformat()
+    try:
+        _dt.date.fromisoformat(str(reviewed))
+    except ValueError:
+        problems.append(f"{where}: reviewed: missing or not an ISO date")
+    title = _bilingual(where, raw.get("title"), "title", problems)
+    questions = _bilingual(where, raw.get("questions"), "questions", problems, kind=list)
+    answer = _bilingual(where, raw.get("answer"), "answer", problems, FIELD_LIMITS["answer"])
+    see_doctor = _bilingual(where, raw.get("see_doctor"), "see_doctor", problems, FIELD_LIMITS["see_doctor"])
+    sources = []
+    raw_sources = raw.get("sources")
+    if not isinstance(raw_sources, list) or not raw_sources:
+        problems.append(f"{where}: sources: at least one named source is required")
+    else:
+        for j, s in enumerate(raw_sources):
+            if not isinstance(s, dict):
+                problems.append(f"{where}: sources[{j}]: not a mapping")
+                continue
+            name = _bilingual(where, s.get("name"), f"sources[{j}].name", problems)
+            backs = s.get("backs")
+            if not isinstance(backs, str) or not backs.strip():
+                problems.append(f"{where}: sources[{j}].backs: say which recommendation the source backs")
+            sources.append(Source(name=name, backs=str(backs or "").strip()))
+    if len(problems) > n_before:
+        return None
+    topic = Topic(id=tid, category=category, reviewed=str(reviewed), title=title, questions=questions,
+                  answer=answer, see_doctor=see_doctor, sources=tuple(sources), file=file)
+    for lang in LANGS:
+        size = len(with_disclaimer(topic.render(lang), lang).encode("utf-8"))
+        if size > PASSIVE_TEXT_MAX_BYTES:
+            problems.append(f"{where}: rendered {lang} reply is {size} bytes, WeChat's passive reply "
+                            f"limit is {PASSIVE_TEXT_MAX_BYTES}")
+    return topic
+
+
+def load_knowledge_base(kb_dir: Path = DEFAULT_KB_DIR) -> KnowledgeBase:
+    """Load and validate every ``*.yaml`` file in ``kb_dir``.
+
+    Raises:
+        KnowledgeBaseError: listing every problem found (file, field, what is wrong):
+            YAML syntax, schema, duplicate ids, length limits.
+    """
+    problems: list[str] = []
+    topics: dict[str, Topic] = {}
+    h = hashlib.sha256()
+    files = sorted(Path(kb_dir).glob("*.yaml"))
+    if not files:
+        raise KnowledgeBaseError([f"{kb_dir}: no *.yaml knowledge-base files"])
+    for path in files:
+        data_bytes = path.read_bytes()
+        h.update(path.name.encode() + b"\0" + data_bytes)
+        try:
+            data = yaml.safe_load(data_bytes)
+        except yaml.YAMLError as exc:
+            problems.append(f"{path.name}: YAML syntax: {exc}".replace("\n", " "))
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("topics"), list):
+            problems.append(f"{path.name}: top level needs 'category' and a 'topics' list")
+            continue
+        category = data.get("category") or path.stem
+        for i, raw in enumerate(data["topics"]):
+            topic = _parse_topic(path.name, i, raw, str(category), problems)
+            if topic is None:
+                continue
+            if topic.id in topics:
+                problems.append(f"{path.name}: {topic.id}: duplicate id (also in {topics[topic.id].file})")
+                continue
+            topics[topic.id] = topic
+    if problems:
+        raise KnowledgeBaseError(problems)
+    return KnowledgeBase(topics=topics, digest=h.hexdigest())
+
+
+def load_catalogue(path: Path = CATALOGUE_PATH) -> list[str]:
+    """Topic ids of the catalogue (../shared/topics.yaml format), in catalogue order."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    return [t["id"] for t in data["topics"]]
+
+
+def check_knowledge_base(kb_dir: Path = DEFAULT_KB_DIR, catalogue: Path = CATALOGUE_PATH) -> list[str]:
+    """Every problem of the base: schema, sources, ids, lengths, and catalogue coverage.
+
+    Returns:
+        A list of problems, empty when the base is valid and covers the catalogue.
+    """
+    try:
+        kb = load_knowledge_base(kb_dir)
+    except KnowledgeBaseError as exc:
+        return exc.problems
+    wanted = load_catalogue(catalogue)
+    problems = [f"catalogue: {tid}: not covered by the knowledge base" for tid in wanted if tid not in kb.topics]
+    problems += [f"{kb.topics[t].file}: {t}: id is not in the catalogue" for t in kb.topics if t not in set(wanted)]
+    return problems

@@ -1,0 +1,95 @@
+"""Lexical retrieval: Okapi BM25 over jieba words (Chinese) and lowercase words (English).
+
+BM25 as in Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25 and
+Beyond" (2009), with the usual k1 = 1.5, b = 0.75 and the non-negative idf
+``ln(1 + (N - n + 0.5) / (n + 0.5))`` (Lucene's variant).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import Counter
+
+import jieba
+
+jieba.setLogLevel(logging.WARNING)
+
+_WORD = re.compile(r"[a-z0-9]+|[\u3400-\u9fff]+")
+_LATIN = re.compile(r"[a-z0-9]+")
+
+#: Function words that carry no topic: Chinese particles and question words, English stop words.
+STOPWORDS = frozenset(
+    "的 了 吗 呢 吧 啊 呀 哦 嘛 么 是 我 你 他 她 它 我们 你们 他们 这 那 这个 那个 有 没有 会 要 能 可以 "
+    "怎么 怎么办 怎样 如何 什么 为什么 咋 咋办 啥 哪些 多少 一下 一些 就 都 也 还 又 很 太 挺 老 总 总是 "
+    "老是 经常 最近 一直 特别 非常 有点 有些 感觉 觉得 请问 问 问问 想 想问 知道 应该 需要 注意 事项 "
+    "好 好不好 行 行不行 对 对不对 正常 吗 和 跟 与 或 或者 还是 在 到 从 给 让 被 把 着 过 得 地 "
+    "一 个 天 每天 人 家里 自己 现在 时候 平时 "
+    "a an the is are am was were be been do does did i my me you your he she it its we they them "
+    "what how why when which who should can could would will shall may might to of in on at for "
+    "with and or but if so about any some this that these those there here have has had get got "
+    "not no yes just really very too much many please tell know any anything something".split()
+)
+
+
+def tokenize(text: str) -> list[str]:
+    """Index terms of an already normalized text (Simplified Chinese, lowercase Latin).
+
+    Chinese runs are cut with jieba's search mode (words and their sub-words);
+    stop words are removed; single CJK characters are kept only when jieba
+    leaves them alone (they are often the key word: 胀, 晕, 痒).
+    """
+    terms: list[str] = []
+    for run in _WORD.findall(text.lower()):
+        if _LATIN.fullmatch(run):
+            if run not in STOPWORDS and len(run) > 1:
+                terms.append(_stem(run))
+            continue
+        for word in jieba.lcut_for_search(run):
+            if word not in STOPWORDS:
+                terms.append(word)
+    return terms
+
+
+def _stem(word: str) -> str:
+    """A light English plural/verb-suffix folding (feet/foot are left as they are)."""
+    for suffix, min_len in (("ing", 6), ("ies", 5), ("es", 5), ("s", 4)):
+        if word.endswith(suffix) and len(word) >= min_len and not word.endswith("ss"):
+            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return word
+
+
+class BM25:
+    """An in-memory BM25 index over short documents.
+
+    Args:
+        documents: one list of terms per document (see :func:`tokenize`).
+        k1: term-frequency saturation (1.5).
+        b: length normalization (0.75).
+    """
+
+    def __init__(self, documents: list[list[str]], k1: float = 1.5, b: float = 0.75):
+        self.k1, self.b = k1, b
+        self.doc_tf = [Counter(d) for d in documents]
+        self.doc_len = [len(d) for d in documents]
+        self.avg_len = (sum(self.doc_len) / len(documents)) if documents else 0.0
+        df: Counter[str] = Counter()
+        for tf in self.doc_tf:
+            df.update(tf.keys())
+        n = len(documents)
+        self.idf = {t: math.log(1.0 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
+
+    def scores(self, query_terms: list[str]) -> list[float]:
+        """BM25 score of every document for the query terms (0 where nothing matches)."""
+        out = [0.0] * len(self.doc_tf)
+        for term in set(query_terms):
+            idf = self.idf.get(term)
+            if idf is None:
+                continue
+            for i, tf in enumerate(self.doc_tf):
+                f = tf.get(term)
+                if f:
+                    norm = self.k1 * (1 - self.b + self.b * self.doc_len[i] / self.avg_len)
+                    out[i] += idf * f * (self.k1 + 1) / (f + norm)
+        return out

@@ -1,0 +1,150 @@
+"""Hybrid retrieval: dense (the e5 encoder through the inference pool) + lexical (BM25).
+
+Each topic is represented densely by the embeddings of its example questions and
+titles (both languages, e5 ``query: `` prefix on both sides: question-to-question
+matching is a symmetric task), and lexically by one BM25 document (title,
+questions and answer in both languages). A topic's score is
+
+    hybrid = dense + LEXICAL_WEIGHT * bm25 / (bm25 + LEXICAL_SATURATION)
+
+where ``dense`` is the best cosine between the query and the topic's questions.
+The confidence is a logistic map of the hybrid score and the margin to the
+runner-up, calibrated on the knowledge base's own held-out phrasings (see
+:data:`CALIBRATION`); below ``knowledge.min_confidence`` the bot says it does not
+know (intent ``no_answer``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from bot.knowledge import LANGS, KnowledgeBase
+from bot.lexical import BM25, tokenize
+
+#: Weight and saturation constant of the lexical part (tuned with ``healthbot eval``).
+LEXICAL_WEIGHT = 0.08
+LEXICAL_SATURATION = 6.0
+#: Logistic calibration of the confidence: (scale, centre) for the hybrid score
+#: and the weight of the margin to the second-best topic.
+CALIBRATION = {"scale": 30.0, "centre": 0.86, "margin_weight": 0.5}
+
+
+class TextEncoder(Protocol):
+    """What retrieval needs from :class:`inference.encoder.Encoder`."""
+
+    engine_name: str
+
+    async def encode(self, texts: list[str], prefix: str = "query: ") -> np.ndarray:
+        """float32[N, D], L2-normalized."""
+        ...
+
+
+@dataclass(frozen=True)
+class Match:
+    """One retrieved topic.
+
+    Attributes:
+        topic_id: knowledge-base topic id.
+        score: hybrid score (dense cosine plus saturated BM25 bonus).
+        dense: best cosine similarity in [-1, 1] to the topic's questions.
+        lexical: raw BM25 score (>= 0).
+        confidence: calibrated probability-like confidence in [0, 1].
+    """
+
+    topic_id: str
+    score: float
+    dense: float
+    lexical: float
+    confidence: float
+
+
+class Retriever:
+    """Hybrid dense + BM25 search over a :class:`KnowledgeBase`.
+
+    Build with :meth:`build` (embeds every example question once; the matrix is
+    cached on disk keyed by the base's digest and the model's sha256).
+    """
+
+    def __init__(self, kb: KnowledgeBase, encoder: TextEncoder, vectors: np.ndarray, owners: np.ndarray):
+        self.kb = kb
+        self.encoder = encoder
+        self.topic_ids = list(kb.topics)
+        self.vectors = vectors          # float32[M, D], one row per example question / title
+        self.owners = owners            # int32[M], topic index of each row
+        docs = []
+        for tid in self.topic_ids:
+            t = kb.topics[tid]
+            text = " ".join(t.title[lang] + " " + " ".join(t.questions[lang]) + " " + t.answer[lang]
+                            for lang in LANGS)
+            docs.append(tokenize(text.lower()))
+        self.bm25 = BM25(docs)
+
+    @staticmethod
+    def example_texts(kb: KnowledgeBase) -> tuple[list[str], list[int]]:
+        """Every example question and title with the index of its topic."""
+        texts, owners = [], []
+        for i, t in enumerate(kb.topics.values()):
+            for lang in LANGS:
+                for q in [t.title[lang], *t.questions[lang]]:
+                    texts.append(q)
+                    owners.append(i)
+        return texts, owners
+
+    @classmethod
+    async def build(cls, kb: KnowledgeBase, encoder: TextEncoder, cache_dir: Path | None = None,
+                    model_digest: str = "") -> "Retriever":
+        """Embed the base's example questions (or load them from ``cache_dir``)."""
+        texts, owners = cls.example_texts(kb)
+        key = hashlib.sha256((kb.digest + model_digest).encode()).hexdigest()[:16]
+        cache = Path(cache_dir) / f"kb-vectors-{key}.npy" if cache_dir else None
+        vectors = None
+        if cache and cache.exists():
+            vectors = np.load(cache)
+            if vectors.shape[0] != len(texts):
+                vectors = None
+        if vectors is None:
+            chunks = [await encoder.encode(texts[i:i + 64]) for i in range(0, len(texts), 64)]
+            vectors = np.concatenate(chunks).astype(np.float32)
+            if cache:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_suffix(".tmp.npy")
+                np.save(tmp, vectors)
+                tmp.replace(cache)
+        return cls(kb, encoder, vectors, np.asarray(owners, dtype=np.int32))
+
+    async def search(self, text: str, k: int = 3) -> list[Match]:
+        """Top-``k`` topics for a normalized question, best first.
+
+        Args:
+            text: the user's question after safety.normalize (Simplified, lowercase Latin).
+            k: number of matches to return.
+
+        Raises:
+            inference.batcher.BusyError / DeadlineExceeded: the inference pool is overloaded.
+        """
+        q = (await self.encoder.encode([text]))[0]
+        sims = self.vectors @ q
+        dense = np.full(len(self.topic_ids), -1.0, dtype=np.float32)
+        np.maximum.at(dense, self.owners, sims)
+        lexical = np.asarray(self.bm25.scores(tokenize(text)), dtype=np.float32)
+        hybrid = dense + LEXICAL_WEIGHT * lexical / (lexical + LEXICAL_SATURATION)
+        order = np.argsort(-hybrid)[: max(k, 2)]
+        margin = float(hybrid[order[0]] - hybrid[order[1]]) if len(order) > 1 else 1.0
+        out = []
+        for rank, i in enumerate(order[:k]):
+            conf = confidence(float(hybrid[i]), margin if rank == 0 else 0.0)
+            out.append(Match(self.topic_ids[i], float(hybrid[i]), float(dense[i]), float(lexical[i]), conf))
+        return out
+
+
+def confidence(score: float, margin: float) -> float:
+    """Logistic calibration of a hybrid score (and its margin to the runner-up) to [0, 1]."""
+    c = CALIBRATION
+    z = c["scale"] * (score - c["centre"] + c["margin_weight"] * margin)
+    return 1.0 / (1.0 + math.exp(-z))

@@ -1,0 +1,56 @@
+"""Start-up and shutdown of the core: encoder (inference pool), knowledge base, retriever, dispatcher.
+
+One place owns these long-lived resources; the aiohttp app (bot/app.py) and the
+CLI (bot/cli.py) both use :func:`open_dispatcher`.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import structlog
+
+from bot.config import Config
+from bot.dispatcher import Dispatcher
+from bot.knowledge import load_knowledge_base
+from bot.retrieval import Retriever
+from inference.encoder import Encoder
+
+log = structlog.get_logger("healthbot.runtime")
+
+
+def model_digest(cfg: Config) -> str:
+    """The prepared model's ONNX sha256 from engines/manifest.json ("" if absent)."""
+    try:
+        manifest = json.loads((cfg.engines_path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    return str(manifest.get("onnx_sha256") or manifest.get("onnx", {}).get("sha256", ""))
+
+
+@asynccontextmanager
+async def open_dispatcher(cfg: Config) -> AsyncIterator[Dispatcher]:
+    """Load the model, the knowledge base and the retrieval index; yield a ready dispatcher.
+
+    On exit, in-flight replies are finished and the inference pool is drained.
+
+    Raises:
+        FileNotFoundError / inference errors: the model is not prepared
+            (message says to run ``healthbot prepare-model``).
+        bot.knowledge.KnowledgeBaseError: the knowledge base is invalid.
+    """
+    kb = load_knowledge_base(cfg.kb_path)
+    encoder = await Encoder.create(cfg.inference, cfg.engines_path)
+    try:
+        retriever = await Retriever.build(kb, encoder, cache_dir=cfg.path(cfg.data_dir) / "cache",
+                                          model_digest=model_digest(cfg))
+        dispatcher = Dispatcher(cfg, retriever)
+        log.info("ready", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
+        try:
+            yield dispatcher
+        finally:
+            await dispatcher.once.drain()
+    finally:
+        await encoder.close()
