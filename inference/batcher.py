@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
 import numpy as np
+import structlog
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger("healthbot.inference.batcher")
 
 #: Sequence-length buckets (tokens, specials included). Powers of two up to BERT's
 #: 512 positions: padding waste inside a bucket is below 2×.
@@ -373,7 +373,7 @@ class DynamicBatcher:
                 if out.shape[0] != len(batch):
                     raise RuntimeError(f"run_batch returned {out.shape[0]} rows for {len(batch)} windows")
             except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
-                log.warning("inference batch of %d failed: %s", len(batch), exc)
+                log.warning("inference_batch_failed", size=len(batch), error=str(exc))
                 st.failed += len(batch)
                 for e in batch:
                     if not e.future.done():
