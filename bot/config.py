@@ -55,6 +55,24 @@ class WechatConfig:
 
 
 @dataclass
+class TelegramConfig:
+    """Telegram bot (python-telegram-bot v22; Bot API https://core.telegram.org/bots/api).
+
+    ``token``: the bot token (secret, ``HEALTHBOT_TELEGRAM_TOKEN``). ``secret``: the
+    webhook secret token compared with ``X-Telegram-Bot-Api-Secret-Token``
+    (``HEALTHBOT_TELEGRAM_SECRET``). ``api_base``: Bot API base URL (tests point it
+    at a local fake server). ``agent_chat``: the agents' forum supergroup id for
+    human handoff (0 = none). ``webhook_url``: public URL for ``telegram set-webhook``.
+    """
+
+    token: str = ""
+    secret: str = ""
+    api_base: str = "https://api.telegram.org/bot"
+    agent_chat: int = 0
+    webhook_url: str = ""
+
+
+@dataclass
 class InferenceConfig:
     """Inference pool and dynamic batcher (ARCHITECTURE.md, "The inference pool").
 
@@ -106,6 +124,7 @@ class Config:
 
     server: ServerConfig = field(default_factory=ServerConfig)
     wechat: WechatConfig = field(default_factory=WechatConfig)
+    telegram: TelegramConfig = field(default_factory=TelegramConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
@@ -129,8 +148,12 @@ _SECRET_ENV = {
     "HEALTHBOT_WECHAT_TOKEN": ("wechat", "token"),
     "HEALTHBOT_WECHAT_APPID": ("wechat", "appid"),
     "HEALTHBOT_WECHAT_AES_KEY": ("wechat", "aes_key"),
+    "HEALTHBOT_TELEGRAM_TOKEN": ("telegram", "token"),
+    "HEALTHBOT_TELEGRAM_SECRET": ("telegram", "secret"),
+    "HEALTHBOT_TELEGRAM_API_BASE": ("telegram", "api_base"),
+    "HEALTHBOT_TELEGRAM_AGENT_CHAT": ("telegram", "agent_chat"),
 }
-_SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key")}
+_SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key"), ("telegram", "token"), ("telegram", "secret")}
 
 
 def _coerce(section: str, key: str, current: Any, value: Any) -> Any:
@@ -174,6 +197,8 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"config key 'inference.{key}': must be >= 1")
     if inf.max_queue_delay_ms < 0 or inf.deadline_ms <= 0:
         raise ConfigError("config key 'inference.max_queue_delay_ms' must be >= 0 and 'inference.deadline_ms' > 0")
+    if not 0.0 < cfg.wechat.reply_budget_s < 5.0:
+        raise ConfigError("config key 'wechat.reply_budget_s': must be between 0 and 5 s (WeChat waits 5 s)")
     if not 0.0 <= cfg.knowledge.min_confidence <= 1.0:
         raise ConfigError("config key 'knowledge.min_confidence': must be in [0, 1]")
 
