@@ -7,9 +7,11 @@ from aiohttp import web
 from adapters.http import setup_http
 from adapters.wechat import setup_wechat
 from bot.config import Config
+from bot.handoff import HandoffManager
 from bot.runtime import open_dispatcher
 
 CONFIG_KEY = web.AppKey("config", Config)
+HANDOFF_KEY = web.AppKey("handoff", HandoffManager)
 
 
 class _LateDispatcher:
@@ -30,10 +32,11 @@ def create_app(cfg: Config) -> web.Application:
     """
     app = web.Application(client_max_size=cfg.server.max_body_bytes)
     app[CONFIG_KEY] = cfg
+    handoff = app[HANDOFF_KEY] = HandoffManager()
     dispatcher = _LateDispatcher()
 
     async def lifecycle(app: web.Application):
-        async with open_dispatcher(cfg) as real:
+        async with open_dispatcher(cfg, handoff) as real:
             dispatcher.target = real
             yield
             dispatcher.target = None

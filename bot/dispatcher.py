@@ -22,6 +22,7 @@ import structlog
 
 from bot.config import Config
 from bot.dedup import OnceCache
+from bot.handoff import HandoffManager
 from bot.intents import intent_reply, rule_intent, unsupported_reply
 from bot.knowledge import KnowledgeBase
 from bot.retrieval import Retriever
@@ -55,9 +56,10 @@ class Dispatcher:
         retriever: hybrid retrieval over ``kb`` (owns the encoder).
     """
 
-    def __init__(self, cfg: Config, retriever: Retriever):
+    def __init__(self, cfg: Config, retriever: Retriever, handoff: HandoffManager | None = None):
         self.cfg = cfg
         self.retriever = retriever
+        self.handoff = handoff or HandoffManager()
         self.once: OnceCache[Reply] = OnceCache()
 
     @property
@@ -76,6 +78,10 @@ class Dispatcher:
         reply, extra = await self._decide(inbound)
         latency_ms = (time.perf_counter() - start) * 1000.0
         reply = Reply(**{**reply.__dict__, "latency_ms": latency_ms})
+        if inbound.kind is MessageKind.TEXT and inbound.text:
+            self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
+            if reply.text:
+                self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", reply.text)
         log.info("reply", channel=inbound.channel, user=mask_pii(inbound.user_id), message_id=inbound.message_id,
                  intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
                  engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2), **extra)
@@ -100,9 +106,18 @@ class Dispatcher:
             return Reply(to_user_script(body, norm.script), intent, lang, **kw)
 
         urgent = triage(norm.text, lang, self.cfg.safety)
+        in_handoff = self.handoff.active(inbound.channel, inbound.user_id)
+        if in_handoff is not None:
+            # The bot stays silent while a person handles the chat, except for an
+            # emergency, which always gets emergency guidance at once.
+            await self.handoff.user_message(in_handoff, text)
+            if urgent is None:
+                return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
         if urgent is not None:
             return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind}
         intent = rule_intent(norm)
+        if intent is Intent.HANDOFF:
+            await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
         if intent is not None:
             return out(intent_reply(intent, lang), intent, handoff=intent is Intent.HANDOFF), {}
         scope = check_scope(norm.text, lang)

@@ -14,6 +14,7 @@ import structlog
 
 from bot.config import Config
 from bot.dispatcher import Dispatcher
+from bot.handoff import HandoffManager
 from bot.knowledge import load_knowledge_base
 from bot.retrieval import Retriever
 from inference.encoder import Encoder
@@ -31,7 +32,7 @@ def model_digest(cfg: Config) -> str:
 
 
 @asynccontextmanager
-async def open_dispatcher(cfg: Config) -> AsyncIterator[Dispatcher]:
+async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) -> AsyncIterator[Dispatcher]:
     """Load the model, the knowledge base and the retrieval index; yield a ready dispatcher.
 
     On exit, in-flight replies are finished and the inference pool is drained.
@@ -46,7 +47,7 @@ async def open_dispatcher(cfg: Config) -> AsyncIterator[Dispatcher]:
     try:
         retriever = await Retriever.build(kb, encoder, cache_dir=cfg.path(cfg.data_dir) / "cache",
                                           model_digest=model_digest(cfg))
-        dispatcher = Dispatcher(cfg, retriever)
+        dispatcher = Dispatcher(cfg, retriever, handoff)
         log.info("ready", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
         try:
             yield dispatcher

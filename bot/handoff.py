@@ -1,0 +1,168 @@
+"""Human handoff: one lifecycle for every channel.
+
+    requested (the user asked, or the bot decided) -> active (the bot stays silent
+    for that user; their messages go to agents) -> ended (an agent closed it, the
+    user ended it, or it timed out)
+
+The user gets a message at each step (the dispatcher's replies and
+:meth:`HandoffManager.notify_user`). Agents get the last turns with personal data
+masked. How agents are reached is channel-specific: each channel registers an
+:class:`AgentRelay` (e.g. a forum topic per user in a Telegram agents'
+supergroup); channels without one hand the conversation to the agent console.
+
+State is in process memory for now; several replicas need the shared store (issue 10).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Protocol
+
+import structlog
+
+from safety.pii import mask_pii
+
+log = structlog.get_logger("healthbot.handoff")
+
+#: Turns of conversation kept per user and shown to the agent.
+TRANSCRIPT_TURNS = 10
+#: An active handoff with no message either way for this long ends by itself, seconds.
+IDLE_TIMEOUT_S = 30 * 60
+
+
+@dataclass
+class HandoffSession:
+    """One user's handoff.
+
+    Attributes:
+        channel / user_id / chat_id: who (chat_id is where replies to the user go).
+        state: "active" or "ended".
+        reason: why it started: "user_request", "emergency", "no_answer".
+        transcript: the last turns, masked, oldest first, as "user: ..." / "bot: ...".
+        relay_ref: whatever the channel's relay needs to find the agents' thread
+            (a Telegram forum topic id).
+        started_at / last_activity: UNIX seconds.
+    """
+
+    channel: str
+    user_id: str
+    chat_id: str
+    reason: str
+    transcript: list[str]
+    state: str = "active"
+    relay_ref: object = None
+    started_at: float = field(default_factory=time.time)
+    last_activity: float = field(default_factory=time.time)
+
+
+class AgentRelay(Protocol):
+    """How a channel reaches its human agents."""
+
+    async def open(self, session: HandoffSession) -> None:
+        """Show agents a new handoff with its transcript; may set ``session.relay_ref``."""
+        ...
+
+    async def forward(self, session: HandoffSession, text: str) -> None:
+        """Pass a user's message (masked) to the agents of ``session``."""
+        ...
+
+    async def close(self, session: HandoffSession, by: str) -> None:
+        """Tell agents the handoff ended (``by``: "user", "agent", "timeout")."""
+        ...
+
+
+UserNotifier = Callable[[HandoffSession, str], Awaitable[None]]
+
+
+class HandoffManager:
+    """Keeps handoff sessions and per-user transcripts; talks to channel relays."""
+
+    def __init__(self, idle_timeout_s: float = IDLE_TIMEOUT_S):
+        self.idle_timeout_s = idle_timeout_s
+        self._sessions: dict[tuple[str, str], HandoffSession] = {}
+        self._turns: dict[tuple[str, str], deque[str]] = {}
+        self._relays: dict[str, AgentRelay] = {}
+        self._notifiers: dict[str, UserNotifier] = {}
+
+    def register(self, channel: str, relay: AgentRelay | None = None, notify_user: UserNotifier | None = None) -> None:
+        """Register how ``channel`` reaches agents and how it sends an agent's text to a user."""
+        if relay is not None:
+            self._relays[channel] = relay
+        if notify_user is not None:
+            self._notifiers[channel] = notify_user
+
+    def record_turn(self, channel: str, user_id: str, who: str, text: str) -> None:
+        """Remember one turn ("user" or "bot") for a later handoff transcript (masked)."""
+        turns = self._turns.setdefault((channel, user_id), deque(maxlen=TRANSCRIPT_TURNS))
+        turns.append(f"{who}: {mask_pii(text)}")
+
+    def active(self, channel: str, user_id: str) -> HandoffSession | None:
+        """The user's active handoff, or None (an idle one past the timeout is ended)."""
+        s = self._sessions.get((channel, user_id))
+        if s is None or s.state != "active":
+            return None
+        if time.time() - s.last_activity > self.idle_timeout_s:
+            s.state = "ended"
+            log.info("handoff.timeout", channel=channel, user=mask_pii(user_id))
+            return None
+        return s
+
+    def sessions(self) -> list[HandoffSession]:
+        """Every active handoff, oldest first (for an agent console)."""
+        return sorted((s for s in self._sessions.values() if self.active(s.channel, s.user_id)),
+                      key=lambda s: s.started_at)
+
+    async def start(self, channel: str, user_id: str, chat_id: str, reason: str) -> HandoffSession:
+        """Start (or return the already active) handoff and open it with the channel's relay."""
+        existing = self.active(channel, user_id)
+        if existing:
+            return existing
+        s = HandoffSession(channel, user_id, chat_id, reason, list(self._turns.get((channel, user_id), ())))
+        self._sessions[(channel, user_id)] = s
+        relay = self._relays.get(channel)
+        if relay is not None:
+            try:
+                await relay.open(s)
+            except Exception:  # the handoff stays active: agents can still see it in the console
+                log.exception("handoff.relay_open_failed", channel=channel)
+        log.info("handoff.start", channel=channel, user=mask_pii(user_id), reason=reason)
+        return s
+
+    async def user_message(self, s: HandoffSession, text: str) -> None:
+        """A message from a user in handoff: to the agents, not to the bot."""
+        s.last_activity = time.time()
+        masked = mask_pii(text)
+        s.transcript.append(f"user: {masked}")
+        relay = self._relays.get(s.channel)
+        if relay is not None:
+            await relay.forward(s, masked)
+
+    async def agent_message(self, s: HandoffSession, text: str) -> None:
+        """An agent's reply: sent to the user through the channel's notifier."""
+        s.last_activity = time.time()
+        s.transcript.append(f"agent: {mask_pii(text)}")
+        notify = self._notifiers.get(s.channel)
+        if notify is not None:
+            await notify(s, text)
+
+    async def end(self, channel: str, user_id: str, by: str) -> HandoffSession | None:
+        """End the user's handoff (``by``: "user", "agent", "timeout"); None if none was active."""
+        s = self.active(channel, user_id)
+        if s is None:
+            return None
+        s.state = "ended"
+        relay = self._relays.get(channel)
+        if relay is not None:
+            try:
+                await relay.close(s, by)
+            except Exception:
+                log.exception("handoff.relay_close_failed", channel=channel)
+        log.info("handoff.end", channel=channel, user=mask_pii(user_id), by=by)
+        return s
+
+    def forget(self, channel: str, user_id: str) -> None:
+        """Drop everything kept about the user (unsubscribe, Telegram /stop)."""
+        self._sessions.pop((channel, user_id), None)
+        self._turns.pop((channel, user_id), None)
