@@ -114,3 +114,21 @@ async def test_engine_creation_failure_is_an_engine_error_naming_the_cause():
 
     with pytest.raises(EngineError, match="model.onnx"):
         await InferencePool.start(factory, workers=2, pad_id=PAD)
+
+
+def test_unknown_engine_name_is_a_clear_error_before_loading_anything(tmp_path):
+    from bot.config import InferenceConfig
+    from inference.manager import load_engine_factory
+
+    with pytest.raises(EngineError, match=r"unknown engine\(s\) \['onnx'\].*choose from"):
+        load_engine_factory(InferenceConfig(engine_order=["onnx"]), tmp_path)
+
+
+def test_no_loadable_engine_lists_why_each_was_skipped(tmp_path):
+    from bot.config import InferenceConfig
+    from inference.manager import load_engine_factory
+
+    with pytest.raises(EngineError) as err:
+        load_engine_factory(InferenceConfig(engine_order=["tensorrt", "onnxruntime"]), tmp_path)
+    assert "tensorrt: engine 'tensorrt' is not part of this build yet" in str(err.value)
+    assert "model.onnx missing: run 'healthbot prepare-model'" in str(err.value)
