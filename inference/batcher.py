@@ -270,6 +270,7 @@ class DynamicBatcher:
             self._wakeup = asyncio.Event()
             self._slots = asyncio.Semaphore(self.concurrency)
             self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop(), name="dynamic-batcher")
+            self._loop_task.add_done_callback(_log_crash)
 
     async def close(self) -> None:
         """Stop accepting requests, run every pending request, wait for in-flight batches.
@@ -385,3 +386,9 @@ class DynamicBatcher:
         finally:
             self._slots.release()
             self._wakeup.set()
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    """A dead batch loop would leave callers waiting until their deadlines: say so loudly."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("batch_loop_crashed", error=repr(task.exception()))

@@ -116,7 +116,9 @@ class Encoder:
             float32[N, D] (D = 384), each row L2-normalized; float32[0, D] for no texts.
 
         Raises:
-            inference.batcher.BusyError: the queue is full (answer "busy, try again").
+            inference.batcher.BusyError: the queue is full (answer "busy, try again");
+                all of a call's windows are queued at once, so one call may hold
+                at most ``inference.max_queue_size`` windows (≈ 510 tokens each).
             inference.batcher.DeadlineExceeded: not done within ``inference.deadline_ms``.
             inference.engines.base.EngineError: the engine failed.
         """

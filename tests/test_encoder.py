@@ -135,7 +135,7 @@ async def test_encode_gives_unit_norm_float32_384(encoder: Encoder):
 @pytest.mark.model
 @needs_model
 async def test_same_text_alone_and_in_a_batch_gives_the_same_vector(encoder: Encoder):
-    text = "晚上老做梦，早上起来很累"
+    text = "手脚冰凉怎么办"  # 11 tokens; padded to 14 next to the coffee question (same bucket)
     (alone,) = await encoder.encode([text])
     others = ["失眠", "is it bad to drink coffee after 4pm", "老人便秘吃什么水果好，香蕉有用吗"]
     # Concurrent callers: the batcher puts them in one padded batch with ours.
