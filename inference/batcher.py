@@ -298,7 +298,7 @@ class DynamicBatcher:
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
 
-    def _pop_live(self, q: collections.deque[_Entry], now: float) -> None:
+    def _drop_expired_heads(self, q: collections.deque[_Entry], now: float) -> None:
         """Drop head entries whose deadline passed but whose caller's timer has not fired yet.
 
         (Gone callers remove their own entries in :meth:`submit_many`.)
@@ -331,7 +331,7 @@ class DynamicBatcher:
         while True:
             now = loop.time()
             for q in self._queues.values():
-                self._pop_live(q, now)
+                self._drop_expired_heads(q, now)
             heads = sorted((q for q in self._queues.values() if q), key=lambda q: q[0].enqueued)
             if not heads:
                 if self._closing:
