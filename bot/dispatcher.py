@@ -124,12 +124,15 @@ class Dispatcher:
         if scope is not None:
             return out(with_disclaimer(scope.reply, lang), Intent.REFER_DOCTOR), {"rule": scope.reason}
         try:
-            matches = await self.retriever.search(norm.text)
+            found = await self.retriever.search(norm.text)
         except (BusyError, DeadlineExceeded) as exc:
             return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
         engine = self.retriever.encoder.engine_name
-        best = matches[0]
-        if best.confidence < self.cfg.knowledge.min_confidence:
+        best = found.matches[0]
+        if found.off_topic == "out_of_scope":
+            return out(intent_reply(Intent.OUT_OF_SCOPE, lang), Intent.OUT_OF_SCOPE, engine=engine), {
+                "best_topic": best.topic_id}
+        if found.off_topic == "no_answer" or best.confidence < self.cfg.knowledge.min_confidence:
             body = with_disclaimer(intent_reply(Intent.NO_ANSWER, lang), lang)
             return out(body, Intent.NO_ANSWER, confidence=best.confidence, engine=engine,
                        handoff=True), {"best_topic": best.topic_id}

@@ -24,12 +24,19 @@ from typing import Protocol
 
 import numpy as np
 
+import yaml
+
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.lexical import BM25, tokenize
 
 #: Weight and saturation constant of the lexical part (tuned with ``healthbot eval``).
 LEXICAL_WEIGHT = 0.08
 LEXICAL_SATURATION = 6.0
+#: Labelled non-answer examples (out_of_scope, no_answer) for the nearest-neighbour check.
+INTENT_EXAMPLES = Path(__file__).parent / "intent_examples.yaml"
+#: A message is off-topic when its nearest labelled non-answer example is closer
+#: than its best topic by more than this cosine margin (tuned with ``healthbot eval``).
+OFF_TOPIC_MARGIN = {"out_of_scope": 0.0, "no_answer": 0.0}
 #: Logistic calibration of the confidence: (scale, centre) for the hybrid score
 #: and the weight of the margin to the second-best topic.
 CALIBRATION = {"scale": 30.0, "centre": 0.86, "margin_weight": 0.5}
@@ -64,6 +71,22 @@ class Match:
     confidence: float
 
 
+@dataclass(frozen=True)
+class SearchResult:
+    """Top topics and the decision of the nearest-neighbour intent check.
+
+    Attributes:
+        matches: the top-k topics, best first.
+        off_topic: "out_of_scope" or "no_answer" when a labelled example of that
+            kind is nearer than the best topic by the kind's margin, else None.
+        nearest: best cosine to the examples of each non-answer kind.
+    """
+
+    matches: list[Match]
+    off_topic: str | None
+    nearest: dict[str, float]
+
+
 class Retriever:
     """Hybrid dense + BM25 search over a :class:`KnowledgeBase`.
 
@@ -71,12 +94,14 @@ class Retriever:
     cached on disk keyed by the base's digest and the model's sha256).
     """
 
-    def __init__(self, kb: KnowledgeBase, encoder: TextEncoder, vectors: np.ndarray, owners: np.ndarray):
+    def __init__(self, kb: KnowledgeBase, encoder: TextEncoder, vectors: np.ndarray, owners: np.ndarray,
+                 example_vectors: dict[str, np.ndarray]):
         self.kb = kb
         self.encoder = encoder
         self.topic_ids = list(kb.topics)
         self.vectors = vectors          # float32[M, D], one row per example question / title
         self.owners = owners            # int32[M], topic index of each row
+        self.example_vectors = example_vectors  # kind -> float32[E, D]
         docs = []
         for tid in self.topic_ids:
             t = kb.topics[tid]
@@ -101,7 +126,13 @@ class Retriever:
                     model_digest: str = "") -> "Retriever":
         """Embed the base's example questions (or load them from ``cache_dir``)."""
         texts, owners = cls.example_texts(kb)
-        key = hashlib.sha256((kb.digest + model_digest).encode()).hexdigest()[:16]
+        examples = yaml.safe_load(INTENT_EXAMPLES.read_text(encoding="utf-8"))
+        kinds = sorted(examples)
+        n_kb = len(texts)
+        for kind in kinds:
+            texts += examples[kind]
+        key = hashlib.sha256((kb.digest + model_digest + INTENT_EXAMPLES.read_text(encoding="utf-8")).encode()
+                             ).hexdigest()[:16]
         cache = Path(cache_dir) / f"kb-vectors-{key}.npy" if cache_dir else None
         vectors = None
         if cache and cache.exists():
@@ -116,9 +147,13 @@ class Retriever:
                 tmp = cache.with_suffix(".tmp.npy")
                 np.save(tmp, vectors)
                 tmp.replace(cache)
-        return cls(kb, encoder, vectors, np.asarray(owners, dtype=np.int32))
+        example_vectors, at = {}, n_kb
+        for kind in kinds:
+            example_vectors[kind] = vectors[at:at + len(examples[kind])]
+            at += len(examples[kind])
+        return cls(kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32), example_vectors)
 
-    async def search(self, text: str, k: int = 3) -> list[Match]:
+    async def search(self, text: str, k: int = 3) -> SearchResult:
         """Top-``k`` topics for a normalized question, best first.
 
         Args:
@@ -140,7 +175,13 @@ class Retriever:
         for rank, i in enumerate(order[:k]):
             conf = confidence(float(hybrid[i]), margin if rank == 0 else 0.0)
             out.append(Match(self.topic_ids[i], float(hybrid[i]), float(dense[i]), float(lexical[i]), conf))
-        return out
+        nearest = {kind: float((v @ q).max()) for kind, v in self.example_vectors.items()}
+        off_topic = None
+        for kind in ("out_of_scope", "no_answer"):
+            if kind in nearest and nearest[kind] > out[0].score + OFF_TOPIC_MARGIN[kind]:
+                off_topic = kind
+                break
+        return SearchResult(out, off_topic, nearest)
 
 
 def confidence(score: float, margin: float) -> float:

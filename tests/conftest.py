@@ -1,0 +1,40 @@
+"""Shared fixtures: the effective test config, and one real dispatcher (real model) per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.config import REPO_ROOT, load_config
+
+ENGINES = REPO_ROOT / "engines"
+
+
+def model_ready() -> bool:
+    """True when `healthbot prepare-model` has produced engines/manifest.json."""
+    return (ENGINES / "manifest.json").exists()
+
+
+requires_model = pytest.mark.skipif(not model_ready(), reason="engines/manifest.json missing: run 'make model'")
+
+
+@pytest.fixture(scope="session")
+def cfg(tmp_path_factory):
+    """Defaults, with a temporary data directory and test WeChat credentials."""
+    data = tmp_path_factory.mktemp("data")
+    return load_config(env={
+        "HEALTHBOT_DATA_DIR": str(data),
+        "HEALTHBOT_WECHAT_TOKEN": "testtoken",
+        "HEALTHBOT_WECHAT_APPID": "wx1234567890abcdef",
+    })
+
+
+@pytest.fixture(scope="session")
+async def dispatcher(cfg):
+    """A real dispatcher: real ONNX model, inference pool, knowledge base and safety rules."""
+    if not model_ready():
+        pytest.skip("engines/manifest.json missing: run 'make model'")
+    from bot.runtime import open_dispatcher
+    async with open_dispatcher(cfg) as d:
+        yield d

@@ -1,0 +1,88 @@
+"""The dispatcher end to end on the real model: answers, emergencies, refusals, dedup."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from bot.types import Inbound, Intent, MessageKind
+from tests.conftest import requires_model
+
+pytestmark = [pytest.mark.model, requires_model]
+_ids = itertools.count()
+
+
+def text(q: str, message_id: str | None = None, channel: str = "test") -> Inbound:
+    return Inbound(channel=channel, user_id="u1", chat_id="u1", message_id=message_id or f"m{next(_ids)}",
+                   kind=MessageKind.TEXT, text=q)
+
+
+async def test_cold_hands_question_gets_the_cold_hands_answer_with_disclaimer(dispatcher):
+    reply = await dispatcher.handle(text("手脚冰凉怎么办"))
+    assert reply.intent is Intent.ANSWER
+    assert reply.topic == "body.cold_hands_feet"
+    assert reply.lang == "zh"
+    assert "AI" in reply.text and "医生" in reply.text.splitlines()[-1]
+    assert "【来源】" in reply.text
+    assert reply.engine == "onnxruntime"
+
+
+async def test_english_question_is_answered_in_english(dispatcher):
+    reply = await dispatcher.handle(text("how much water should I drink every day"))
+    assert reply.intent is Intent.ANSWER
+    assert reply.topic == "nutri.water"
+    assert reply.lang == "en"
+    assert "Source:" in reply.text
+
+
+async def test_chest_pressure_with_sweating_is_an_emergency_naming_120(dispatcher):
+    reply = await dispatcher.handle(text("我爸胸口像压了块石头，一直出冷汗"))
+    assert reply.intent is Intent.EMERGENCY
+    assert "120" in reply.text
+    assert reply.topic is None
+
+
+async def test_traditional_question_gets_a_traditional_reply(dispatcher):
+    reply = await dispatcher.handle(text("晚上總是睡不著怎麼辦"))
+    assert reply.intent is Intent.ANSWER
+    assert reply.topic == "sleep.insomnia"
+    assert "醫生" in reply.text
+
+
+async def test_dose_question_is_referred_to_a_doctor(dispatcher):
+    reply = await dispatcher.handle(text("布洛芬一次吃几片"))
+    assert reply.intent is Intent.REFER_DOCTOR
+    assert reply.topic is None
+
+
+async def test_unrelated_health_question_is_no_answer_not_a_guess(dispatcher):
+    reply = await dispatcher.handle(text("做完心脏支架手术后多久可以坐飞机"))
+    assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR)
+
+
+async def test_retried_message_is_computed_once(dispatcher, monkeypatch):
+    calls = 0
+    search = dispatcher.retriever.search
+
+    async def counting(q, k=3):
+        nonlocal calls
+        calls += 1
+        return await search(q, k)
+
+    monkeypatch.setattr(dispatcher.retriever, "search", counting)
+    first, second, third = await asyncio.gather(*(dispatcher.handle(text("失眠怎么调理", "dup-1")) for _ in range(3)))
+    later = await dispatcher.handle(text("失眠怎么调理", "dup-1"))
+    assert calls == 1
+    assert first == second == third == later
+    other_channel = await dispatcher.handle(text("失眠怎么调理", "dup-1", channel="other"))
+    assert calls == 2 and other_channel.text == first.text
+
+
+async def test_subscribe_and_unsupported_messages_get_helpful_texts(dispatcher):
+    hello = await dispatcher.handle(Inbound("test", "u1", "u1", "sub-1", MessageKind.SUBSCRIBE))
+    assert hello.intent is Intent.GREETING and hello.text
+    image = await dispatcher.handle(Inbound("test", "u1", "u1", "img-1", MessageKind.UNSUPPORTED,
+                                            raw={"type": "image"}))
+    assert image.intent is Intent.SYSTEM and "文字" in image.text

@@ -1,0 +1,109 @@
+"""End to end: the real `healthbot serve` process on loopback, driven as WeChat and an HTTP client would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.conftest import requires_model
+from tests.wechat_client import WechatSigner, parse_reply, text_xml
+
+pytestmark = [pytest.mark.model, requires_model]
+TOKEN = "e2e-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(url: str, data: bytes | None = None, headers: dict | None = None) -> tuple[int, str, float]:
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode(), time.perf_counter() - start
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(), time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    env = {**os.environ, "HEALTHBOT_WECHAT_TOKEN": TOKEN, "HEALTHBOT_WECHAT_APPID": "wx0123456789abcdef",
+           "HEALTHBOT_DATA_DIR": str(tmp_path_factory.mktemp("data"))}
+    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if _request(base + "/readyz")[0] == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        pytest.fail("server not ready within 120 s")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def _wechat(server: str, content: str, msg_id: int) -> tuple[int, dict, float]:
+    path, body = WechatSigner(TOKEN).plain_post(text_xml(content, msg_id=msg_id))
+    status, text, seconds = _request(server + path, body, {"Content-Type": "text/xml"})
+    return status, (parse_reply(text) if status == 200 and text.startswith("<xml>") else {"raw": text}), seconds
+
+
+def test_signed_wechat_question_gets_a_passive_answer_with_disclaimer(server):
+    status, reply, seconds = _wechat(server, "手脚冰凉怎么办", 9000000000000001)
+    print(f"wechat round trip: {seconds * 1000:.0f} ms")
+    assert status == 200
+    assert reply["MsgType"] == "text"
+    assert reply["ToUserName"] and reply["FromUserName"]
+    assert "手脚" in reply["Content"] or "手足" in reply["Content"]
+    assert "【来源】" in reply["Content"]
+    assert "不能替代医生" in reply["Content"] or "医生" in reply["Content"].splitlines()[-1]
+
+
+def test_chest_pain_with_cold_sweat_gets_emergency_guidance_naming_120(server):
+    status, reply, _ = _wechat(server, "我爸胸口像压了块石头，一直出冷汗", 9000000000000002)
+    assert status == 200
+    assert "120" in reply["Content"]
+    assert "【来源】" not in reply["Content"]
+
+
+def test_retried_msgid_gets_the_same_reply(server):
+    first = _wechat(server, "失眠怎么调理", 9000000000000003)[1]
+    again = _wechat(server, "失眠怎么调理", 9000000000000003)[1]
+    assert first["Content"] == again["Content"]
+
+
+def test_bad_signature_is_403_and_malformed_xml_is_400(server):
+    path, body = WechatSigner("wrong-token").plain_post(text_xml("你好"))
+    assert _request(server + path, body)[0] == 403
+    path, _ = WechatSigner(TOKEN).plain_post(text_xml("你好"))
+    assert _request(server + path, b"<xml><Content>broken")[0] == 400
+
+
+def test_http_api_and_health_endpoints(server):
+    status, body, _ = _request(server + "/api/chat", b'{"text": "how much water should I drink a day"}',
+                               {"Content-Type": "application/json"})
+    assert status == 200
+    assert '"intent": "answer"' in body and '"topic": "nutri.water"' in body
+    assert _request(server + "/api/chat", b"not json")[0] == 400
+    assert _request(server + "/healthz")[0] == 200
+    status, body, _ = _request(server + "/readyz")
+    assert status == 200 and "onnxruntime" in body

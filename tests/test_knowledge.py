@@ -1,0 +1,84 @@
+"""The knowledge base: schema validation, catalogue coverage, reply size."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bot.knowledge import (DEFAULT_KB_DIR, KnowledgeBaseError, check_knowledge_base, load_catalogue,
+                           load_knowledge_base)
+from safety.disclaimer import with_disclaimer
+
+
+def test_packaged_base_is_valid_and_covers_the_catalogue():
+    assert check_knowledge_base() == []
+    kb = load_knowledge_base()
+    assert set(load_catalogue()) <= set(kb.topics)
+
+
+def test_every_topic_names_a_source_and_when_to_see_a_doctor():
+    kb = load_knowledge_base()
+    for topic in kb.topics.values():
+        for lang in ("zh", "en"):
+            text = topic.render(lang)
+            assert topic.sources and all(s.name[lang] in text for s in topic.sources)
+            assert ("何时就医" if lang == "zh" else "When to see a doctor") in text
+
+
+def test_every_rendered_reply_fits_one_wechat_passive_reply():
+    kb = load_knowledge_base()
+    sizes = [len(with_disclaimer(t.render(lang), lang).encode()) for t in kb.topics.values() for lang in ("zh", "en")]
+    print(f"largest rendered reply: {max(sizes)} bytes")
+    assert max(sizes) <= 2048
+
+
+def _copy_base(tmp_path: Path) -> Path:
+    kb_dir = tmp_path / "kb"
+    shutil.copytree(DEFAULT_KB_DIR, kb_dir)
+    return kb_dir
+
+
+def test_a_bad_file_is_reported_with_file_and_field(tmp_path):
+    kb_dir = _copy_base(tmp_path)
+    first = sorted(kb_dir.glob("*.yaml"))[0]
+    data = yaml.safe_load(first.read_text(encoding="utf-8"))
+    broken = data["topics"][0]
+    del broken["sources"]
+    broken["answer"]["zh"] = "很长" * 200
+    first.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    with pytest.raises(KnowledgeBaseError) as err:
+        load_knowledge_base(kb_dir)
+    text = "\n".join(err.value.problems)
+    assert f"{first.name}: {broken['id']}: sources" in text
+    assert f"{first.name}: {broken['id']}: answer.zh: 400 characters, limit 260" in text
+
+
+def test_duplicate_ids_and_missing_catalogue_topics_are_problems(tmp_path):
+    kb_dir = _copy_base(tmp_path)
+    files = sorted(kb_dir.glob("*.yaml"))
+    data = yaml.safe_load(files[0].read_text(encoding="utf-8"))
+    removed = data["topics"].pop(0)
+    files[0].write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    problems = check_knowledge_base(kb_dir)
+    assert f"catalogue: {removed['id']}: not covered by the knowledge base" in problems
+    data["topics"].append(data["topics"][0])
+    files[0].write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    assert any("duplicate id" in p for p in check_knowledge_base(kb_dir))
+
+
+def test_kb_check_command_exits_nonzero_with_the_problems(tmp_path):
+    kb_dir = _copy_base(tmp_path)
+    (kb_dir / "broken.yaml").write_text("category: broken\ntopics: [ {id: broken.x, ", encoding="utf-8")
+    env = {"HEALTHBOT_KNOWLEDGE_KB_DIR": str(kb_dir), "PATH": "/usr/bin:/bin"}
+    bad = subprocess.run([sys.executable, "-m", "bot.cli", "kb", "check"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1
+    assert "broken.yaml: YAML syntax" in bad.stdout
+    good = subprocess.run([sys.executable, "-m", "bot.cli", "kb", "check"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "every catalogue topic covered" in good.stdout
