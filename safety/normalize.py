@@ -1,0 +1,159 @@
+"""Text normalization for every inbound message, before triage, rules and retrieval.
+
+One cleaned form of the user's text (:class:`Normalized`): Simplified Chinese
+(OpenCC ``t2s`` from opencc-python-reimplemented), full-width ASCII folded to
+half-width (Unicode NFKC), emoji and decorative symbols removed, repeated
+punctuation collapsed, whitespace collapsed, Latin lowercased. Sentence
+punctuation, digits, negation words (没有/不/no/not/don't) and units (°C, mg,
+140/90) are kept, because triage and the scope rules read them.
+
+The original text and the user's script are kept so that replies can be written
+back in Traditional characters (:func:`to_user_script`) when the user wrote
+Traditional.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from functools import lru_cache
+
+import opencc
+
+__all__ = ["Normalized", "normalize", "to_user_script", "to_simplified", "detect_lang"]
+
+# CJK Unified Ideographs (+ Extension A) and CJK compatibility ideographs.
+_CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_HAS_CJK = re.compile(f"[{_CJK}]")
+
+# Symbols (Unicode category "So"/"Sk") that carry meaning in health messages and
+# must survive emoji removal: temperatures and arrows on lab reports.
+_KEEP_SYMBOLS = frozenset("°℃℉↑↓←→µ")
+
+# Emoji glue: variation selectors, zero-width joiner, keycap, tag characters.
+_EMOJI_GLUE = re.compile("[\ufe0e\ufe0f\u200d\u20e3\U000e0020-\U000e007f]")
+# WeChat text emoticons as they arrive in message text: "[微笑]", "[Smile]", "/::)".
+_WECHAT_EMOTICON = re.compile(r"\[[\u4e00-\u9fff]{1,4}\]|\[[A-Za-z]{2,12}\]|/::?[^\s/]{1,3}")
+# Decorative characters removed anywhere; "~" only when not a numeric range (5~10).
+_DECORATIVE = re.compile(r"[*#^_|`\\【】「」『』〖〗☆★]|(?<!\d)[~〜～]|[~〜～](?!\d)")
+# Runs of punctuation collapse to their first character ("！！！" → "!", "。。。" → "。").
+_PUNCT_RUN = re.compile(r"([!?,.;:，。！？、；：…—\-])[!?,.;:，。！？、；：…—\-]+")
+# Spaces between two CJK characters are typing artefacts ("胸 口 疼").
+_CJK_SPACE = re.compile(f"(?<=[{_CJK}])\\s+(?=[{_CJK}])")
+_SPACES = re.compile(r"\s+")
+# Curly quotes and apostrophes typed on phones ("don’t").
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201b": "'", "\u2032": "'",
+                         "\u201c": '"', "\u201d": '"'})
+
+# Markers of a Hong Kong / Cantonese or a Taiwan writer, used only to pick the
+# OpenCC variant (s2hk / s2tw) for replies.
+_HK_MARKERS = re.compile("[嘅唔咗冇喺佢啲嚟睇搵揾嘢咁乜]|香港|係咪")
+_TW_MARKERS = re.compile("台灣|臺灣|裡|妳|健保")
+
+
+@lru_cache(maxsize=None)
+def _converter(config: str) -> opencc.OpenCC:
+    return opencc.OpenCC(config)
+
+
+@dataclass(frozen=True)
+class Normalized:
+    """A user message after :func:`normalize`.
+
+    Attributes:
+        text: the cleaned text: Simplified Chinese, half-width, lowercased Latin,
+            no emoji, collapsed punctuation and whitespace (characters, not bytes).
+        original: the text exactly as received.
+        lang: ``"zh"`` if the text contains any CJK ideograph, else ``"en"``.
+        script: ``"hant"`` when the user wrote Traditional characters (OpenCC
+            ``t2s`` changed the text), else ``"hans"``.
+        variant: ``"hk"`` or ``"tw"`` when a Traditional writer's region shows
+            (Cantonese particles; Taiwan spellings), else ``""``; picks the OpenCC
+            ``s2hk`` / ``s2tw`` reply conversion.
+    """
+
+    text: str
+    original: str
+    lang: str
+    script: str = "hans"
+    variant: str = ""
+
+
+def detect_lang(text: str) -> str:
+    """``"zh"`` if ``text`` has at least one CJK ideograph, else ``"en"``."""
+    return "zh" if _HAS_CJK.search(text or "") else "en"
+
+
+def _strip_emoji(text: str) -> str:
+    text = _EMOJI_GLUE.sub("", text)
+    out = []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if ch in _KEEP_SYMBOLS:
+            out.append(ch)
+        elif cat in ("So", "Cs", "Co") or (cat == "Sk" and ord(ch) >= 0x1F3FB):
+            out.append(" ")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def normalize(text: str) -> Normalized:
+    """Clean one user message for matching and retrieval.
+
+    Steps, in order: NFKC (full-width ASCII and ``℃``-style compatibility
+    characters to their plain forms), curly quotes to ASCII, emoji / WeChat
+    emoticons / decorative symbols removed, OpenCC ``t2s`` (Traditional →
+    Simplified), repeated punctuation collapsed to one mark, spaces between CJK
+    characters dropped, whitespace collapsed, Latin lowercased.
+
+    Args:
+        text: the message as received (any length; ``None`` is treated as ``""``).
+
+    Returns:
+        :class:`Normalized` with the cleaned text, the original, the language and
+        the script the user wrote in.
+    """
+    original = text or ""
+    s = unicodedata.normalize("NFKC", original).translate(_QUOTES)
+    s = _WECHAT_EMOTICON.sub(" ", s)
+    s = _strip_emoji(s)
+    s = _DECORATIVE.sub(" ", s)
+    simplified = _converter("t2s").convert(s)
+    script = "hant" if simplified != s else "hans"
+    variant = ""
+    if script == "hant":
+        if _HK_MARKERS.search(original):
+            variant = "hk"
+        elif _TW_MARKERS.search(original):
+            variant = "tw"
+    s = _PUNCT_RUN.sub(r"\1", simplified)
+    s = _CJK_SPACE.sub("", s)
+    s = _SPACES.sub(" ", s).strip().lower()
+    # Punctuation left alone at the very start ("，你好") is noise.
+    s = s.lstrip(",.;:，。、；：!?！？ ")
+    return Normalized(text=s, original=original, lang=detect_lang(s), script=script, variant=variant)
+
+
+def to_user_script(text: str, script: str, variant: str = "") -> str:
+    """Write a Simplified-Chinese reply in the user's script.
+
+    Args:
+        text: reply text in Simplified Chinese (English passes through unchanged).
+        script: :attr:`Normalized.script`; only ``"hant"`` converts.
+        variant: :attr:`Normalized.variant`: ``"hk"`` → OpenCC ``s2hk``,
+            ``"tw"`` → ``s2tw``, otherwise ``s2t`` (OpenCC standard Traditional).
+
+    Returns:
+        The text, converted when the user wrote Traditional.
+    """
+    if script != "hant" or not text:
+        return text
+    config = {"hk": "s2hk", "tw": "s2tw"}.get(variant, "s2t")
+    return _converter(config).convert(text)
+
+
+def to_simplified(text: str) -> str:
+    """OpenCC ``t2s``: Traditional → Simplified Chinese, nothing else changed."""
+    return _converter("t2s").convert(text or "")

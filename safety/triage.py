@@ -1,0 +1,637 @@
+"""Emergency and crisis triage: the first check on every text message.
+
+Rule-based and high-recall by design: when a message describes a red-flag
+symptom it is treated as an emergency, even if it is phrased as a question
+("胸口疼是怎么回事"). The bot then gives emergency guidance only — call the
+emergency number, what to do while waiting where a first-aid guideline says so,
+no knowledge-base advice, no medicine — and offers a human agent.
+
+Where the red flags come from:
+
+* Stroke: BE-FAST (Balance, Eyes, Face, Arm, Speech, Time; stroke associations
+  and the NHS "FAST" campaign) and its Chinese counterpart 中风120 (1 看一张脸是否
+  口角歪斜, 2 查两只胳膊是否一侧无力, 0 聆听语言是否清晰).
+* Heart attack, breathing difficulty, choking, anaphylaxis, heavy bleeding,
+  poisoning, seizures, unconsciousness, vomiting blood / black stools, sudden
+  worst-ever headache: NHS "When to call 999" and the conditions pages.
+* Infant fever: NICE guideline NG143 (age under 3 months with a temperature of
+  38 °C or higher is a "red" feature); we also count babies of exactly 3 months.
+* Numbers: 120 (mainland China emergency medical service), 999 (Hong Kong, UK),
+  112 / 911 (EU / North America) from :class:`bot.config.SafetyConfig`; crisis
+  lines 12356 (China's 24-hour national psychological assistance hotline) and
+  988 (US Suicide & Crisis Lifeline), also from ``SafetyConfig``.
+
+How a match is judged (all in data below, not in if-chains):
+
+* the message is normalized (:func:`safety.normalize.normalize`: Traditional →
+  Simplified, lowercase, half-width) and split into clauses at punctuation and
+  at contrast words (但是 / but), because a negation never reaches across them;
+* a match is dropped when a negation stands right before it in its clause
+  ("没有胸痛", "不是胸痛", "no chest pain", "I don't have chest pain"), allowing
+  only filler words in between ("没什么胸痛", "don't really have any chest pain");
+* a match is dropped when the clause puts it in the distant past and nothing
+  current comes between ("去年有过胸痛现在好了", "had a stroke two years ago"),
+  or frames it as prevention ("怎么预防煤气中毒", "prevent carbon monoxide
+  poisoning");
+* third parties count the same as the user ("我爸胸口疼出冷汗", "my mum's face is
+  drooping"): the patterns never require "我" / "I".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from bot.config import SafetyConfig
+from safety.normalize import normalize, to_user_script
+
+__all__ = ["TriageResult", "RedFlag", "RED_FLAGS", "triage", "emergency_reply", "crisis_reply",
+           "HONG_KONG_EMERGENCY", "UK_HK_EMERGENCY_EN"]
+
+HONG_KONG_EMERGENCY = "999"
+"""Hong Kong's emergency number (Hong Kong Police / Fire Services Department)."""
+UK_HK_EMERGENCY_EN = "999 in the UK and Hong Kong"
+"""Mentioned next to ``SafetyConfig.emergency_number_en`` in English replies."""
+
+
+@dataclass(frozen=True)
+class TriageResult:
+    """An emergency or crisis found in a message.
+
+    Attributes:
+        kind: ``"emergency"`` (red-flag symptoms) or ``"crisis"`` (suicidal
+            thoughts or self-harm).
+        rule: which red flag matched, ``"<category>.<name>"`` (e.g.
+            ``"stroke.face_zh"``); for logs and metrics, never shown to users.
+        reply: the full reply text in the requested language, emergency numbers
+            included, with an offer of a human agent.
+    """
+
+    kind: Literal["emergency", "crisis"]
+    rule: str
+    reply: str
+
+
+@dataclass(frozen=True)
+class RedFlag:
+    """One red-flag rule.
+
+    Attributes:
+        category: reply key (``heart_attack``, ``stroke``, ``breathing``,
+            ``anaphylaxis``, ``bleeding``, ``poisoning``, ``seizure``,
+            ``unconscious``, ``infant_fever``, ``severe_headache``, ``gi_bleed``,
+            ``crisis``).
+        name: short label, unique within the category.
+        patterns: regular expressions over the normalized text; ALL must match
+            somewhere in the message (each one not negated) for the flag to fire.
+        not_before: regex, anchored at the end, tested on the clause text just
+            before the first pattern's match; a hit cancels that match
+            ("眼皮" before "抽搐" is an eyelid twitch, not a seizure).
+        unless: regex over the whole message; a hit cancels the flag (context
+            that explains the symptom away, e.g. iron tablets and black stools).
+    """
+
+    category: str
+    name: str
+    patterns: tuple[str, ...]
+    not_before: str | None = None
+    unless: str | None = None
+
+
+# --------------------------------------------------------------------------------------
+# Pattern building blocks
+# --------------------------------------------------------------------------------------
+
+def _g(n: int) -> str:
+    """Up to ``n`` Chinese characters that are not a clause boundary or a negation."""
+    return f"[^,.;!?，。；！？\\n不没无未]{{0,{n}}}"
+
+
+def _eg(n: int) -> str:
+    """Up to ``n`` English characters, no clause boundary, no "not"/"no"/"n't"/"never"."""
+    return f"(?:(?!\\bnot\\b|\\bno\\b|n't\\b|\\bnever\\b)[^,.;!?\\n]){{0,{n}}}"
+
+
+G2, G3, G4, G6, G8, G10 = _g(2), _g(3), _g(4), _g(6), _g(8), _g(10)
+E6, E10, E15, E20, E25 = _eg(6), _eg(10), _eg(15), _eg(20), _eg(25)
+SUDDEN_ZH = "(?:突然|忽然|突发|一下子|猛地|猛然)"
+SUDDEN_EN = r"\bsudden(?:ly)?\b"
+PERSON_EN = r"(?:my|his|her|their|the|your)"
+BABY_ZH = "(?:宝宝|婴儿|孩子|小孩|娃|小宝|宝贝|儿子|女儿|闺女|小家伙|新生儿)"
+# Ages under (and, for recall, exactly) 3 months.
+INFANT_AGE_ZH = (
+    "(?:新生儿|刚出生|未满月|没满月|满月|小月龄|百天|"
+    "(?:不到|没到|未满|不满|才|刚|刚满|只有|出生)?(?<![\\d一二三四五六七八九十])"
+    "(?:(?:[一二两三俩1-3]|一个半|两个半)个?(?:多|半)?月|"
+    "(?:[1-9]|1[0-3]|[一二三四五六七八九十]|十[一二三])(?:周(?!岁)|个?星期|个?礼拜)|"
+    "(?:\\d{1,2}|[一二三四五六七八九十]{1,3})天))"
+)
+_WEEKS_EN = r"(?:[1-9]|1[0-3]|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)"
+INFANT_EN = (
+    r"\b(?:newborn|new-born|neonate|" + _WEEKS_EN + r"[- ]weeks?[- ]old|\d{1,2}[- ]days?[- ]old|"
+    r"(?:[1-3]|one|two|three)[- ]months?[- ]old|(?:under|less than|younger than) (?:3|three) months)|"
+    r"\b(?:baby|infant|son|daughter|newborn)\b[^.?!\n]{0,15}?(?<!for )(?<!for the past )\b(?:" + _WEEKS_EN +
+    r"\s+weeks?|\d{1,2}\s+days?|(?:[1-3]|one|two|three)\s+months?)\b(?!\s+ago)"
+)
+FEVER_ZH = "(?:发烧|发热|高烧|低烧|烧到|烧了|体温|3[89](?:\\.\\d)?度?|40度|烫手|摸着烫)"
+FEVER_EN = r"(?:fever|temperature|\btemp\b|feverish|burning up|hot to the touch|38(?:\.\d)?\s?°?c\b|100\.4|10[0-4](?:\.\d)?\s?°?f\b)"
+DISEASE_EVENT_CUE_ZH = "(?:是不是|会不会|好像|可能|疑似|怀疑|像是|像|怕是|应该是|估计)是?"
+# "血" as bleeding, not 血压/血糖/验血/贫血 and the like.
+BLOOD_ZH = "(?<![验抽查献测采输贫])血(?![压糖脂管型常小液检清栓红氧])"
+# English phrases that ask whether something is happening now ("is this a heart attack").
+SUSPECT_EN = (r"\b(?:i think|think (?:i'?m|he'?s|she'?s|it'?s|i am|he is|she is|they'?re)|maybe|might be|"
+              r"could (?:this|it|that) be|is (?:this|it|that|he|she)|am i|are they|worried (?:i'?m|he'?s|she'?s|it'?s)|"
+              r"scared (?:i'?m|he'?s|she'?s|it'?s)|afraid (?:i'?m|he'?s|she'?s|it'?s))\b(?:(?!risk|prevent|chance)[^.?!\n]){0,20}")
+
+RED_FLAGS: tuple[RedFlag, ...] = (
+    # ---- crisis: suicidal thoughts and self-harm -------------------------------------
+    RedFlag("crisis", "suicidal_zh", (
+        "想死(?![你他她它人])|不想活|活着(?:真)?没(?:意思|意义|劲|盼头)|活不下去|不如死(?:了|掉)|"
+        "死了(?:算了|好了|就好了|一了百了)|一死了之|一了百了|自杀|轻生|寻死|想不开|生无可恋|活腻了|"
+        "(?:想|准备|打算)(?:去)?(?:跳楼|跳河|跳江|上吊|喝农药|卧轨|死(?![你他她它人]))|结束(?:自己的?)?生命|了结(?:自己|生命|此生)|"
+        "不想(?:再)?醒(?:来|过来)|没有活下去|撑不下去了|想(?:要)?解脱",)),
+    RedFlag("crisis", "self_harm_zh", ("割腕|自残|自伤|伤害自己(?!的?(?:身体|健康|胃|肝))",)),
+    RedFlag("crisis", "cut_self_zh", ("(?:割|划|烫)(?:伤|破)?(?:自己|手腕)(?!的?(?:身体|健康))",),
+            not_before="(?:小心|切菜|做饭|削|刮)" + G3 + "$"),
+    RedFlag("crisis", "suicidal_en", (
+        r"\bkill(?:ing)? (?:my|him|her|them)sel(?:f|ves)|\bend(?:ing)? (?:my|his|her) (?:own )?life|\bend(?:ing)? it all\b|"
+        r"\bsuicid\w*|\b(?:want|wanna|wanted|ready) (?:to )?die\b|\bdon'?t want to (?:live|be alive|be here|wake up|exist)|"
+        r"\bno (?:reason|point) (?:to|in) (?:live|living|go on|going on)|\bbetter off dead|\btake my (?:own )?life|"
+        r"\bnot worth living|\bcan'?t go on\b|\bwish i (?:was|were) dead|\bwish i (?:wasn'?t|weren'?t) (?:alive|here|born)|"
+        r"\bjump off (?:a|the) (?:bridge|building|roof)",)),
+    RedFlag("crisis", "self_harm_en", (
+        r"\bself[- ]?harm\w*|\b(?:hurt|hurting|harm|harming|cut|cutting|burn|burning) myself\b",)),
+
+    # ---- heart attack -----------------------------------------------------------------
+    RedFlag("heart_attack", "chest_pain_zh", (
+        "(?:胸(?!肌|罩|围|怀|襟|有成竹|针)|心口|心窝|心前区|前胸)(?:口|部|前|膛|腔|里|这)?" + G4 +
+        "(?:痛|疼|闷|压(?!力)|紧|憋|堵|绞|难受|不舒服|石头|大石|重物|透不过|喘不)",),
+        unless="经期|月经|例假|生理期|大姨妈|乳房|乳腺|哺乳|喂奶|涨奶|胀奶"),
+    RedFlag("heart_attack", "heart_pain_zh", ("心脏" + G3 + "(?:疼|痛|难受|不舒服|揪|绞|压(?!力))|心绞痛",)),
+    RedFlag("heart_attack", "event_zh", (
+        DISEASE_EVENT_CUE_ZH + "(?:心梗|心肌梗[死塞]|心绞痛)|(?:心梗|心肌梗[死塞])(?:又|突然)?(?:犯了|发作|复发|了)|"
+        "(?:心脏病|心绞痛)(?:又|突然)?(?:犯了|发作|复发)",)),
+    RedFlag("heart_attack", "arm_jaw_sweat_zh", (
+        "(?:左(?:肩膀?|手臂|胳膊|臂)|下巴|下颌|牙)" + G4 + "(?:疼|痛|麻|酸)",
+        "冷汗|大汗|虚汗|出汗|一身汗|满头汗")),
+    RedFlag("heart_attack", "palpitations_sweat_zh", (
+        "心慌|心悸|心跳(?:很快|特别快|得厉害|加速|乱)|心脏乱跳",
+        "冷汗|大汗|虚汗|要晕|眼前发黑|晕倒")),
+    RedFlag("heart_attack", "chest_pain_en", (
+        r"\bchest\b" + E20 + r"\b(?:pain|pains|hurts?|hurting|ache|aching|pressure|tight|tightness|heavy|heaviness|"
+        r"squeez\w*|crush\w*|discomfort|sore)\b|\b(?:pain|pains|pressure|tightness|ache|discomfort|heaviness|squeezing|"
+        r"crushing)\s+(?:in|on|across|around)\s+" + PERSON_EN + r"?\s*chest|\b(?:elephant|weight|brick)\b" + E15 + r"\bchest",),
+        unless=r"\bbreast|\bperiod\b|menstrua"),
+    RedFlag("heart_attack", "radiating_en", (
+        r"\b(?:pain|ache|numbness|tightness)\b" + E25 + r"\b(?:spread\w*|radiat\w*|going|moving|shoot\w*|travel\w*)"
+        r"\s+(?:down|to|into|up)\s+" + PERSON_EN + r"?\s*(?:left\s+)?(?:arm|jaw|neck|back|shoulder)",)),
+    RedFlag("heart_attack", "event_en", (
+        r"\b(?:having|had|has|have|suffered|suffering)\s+(?:a|another)\s+heart attack|" +
+        SUSPECT_EN + r"\bheart attack|"
+        r"\bcardiac arrest|\bmy heart (?:hurts|is hurting)",)),
+    RedFlag("heart_attack", "palpitations_sweat_en", (
+        r"\b(?:racing heart|heart (?:is )?racing|palpitations|heart (?:is )?pounding)",
+        r"\b(?:sweat\w*|faint\w*|dizz\w*|passing out|pass out)")),
+
+    # ---- stroke (BE-FAST / 中风120) ----------------------------------------------------
+    RedFlag("stroke", "face_zh", (
+        "(?:口角|嘴角|嘴巴?|口眼)" + G2 + "(?:歪|斜|下垂|耷拉)|脸(?:突然|一下子)?(?:歪|斜)|面瘫|口角流涎|嘴角(?:漏水|流口水)|喝水(?:从嘴角)?漏|"
+        "(?:半边|一侧|一边|左边|右边|左半边|右半边)(?:的)?(?:脸|面部?)" + G3 + "(?:麻|木|没知觉|动不了|歪|下垂|僵)",)),
+    RedFlag("stroke", "limb_zh", (
+        "(?:一侧|半边|半身|一边|单侧|左边|右边|左侧|右侧|左半边|右半边|半个)(?:的)?(?:身子|身体|手脚|肢体|手|脚|腿|胳膊|手臂)?"
+        + G3 + "(?:无力|没劲|没力气?|麻|木|不听使唤|动不了|不能动|抬不起|使不上劲|不灵|没知觉|瘫)",)),
+    RedFlag("stroke", "sudden_limb_zh", (
+        SUDDEN_ZH + G4 + "(?:手|脚|腿|胳膊|手臂|胳臂|身子|身体|半边|手脚)" + G4 +
+        "(?:无力|没劲|没力气?|麻|软|不听使唤|动不了|不能动|抬不起|使不上劲|拿不住|瘫)|"
+        "(?:拿不住|握不住|端不住)" + G2 + "(?:筷子|碗|杯子|勺)|(?:筷子|碗|杯子)(?:突然)?(?:掉了|掉地上|拿不住)",)),
+    RedFlag("stroke", "speech_zh", (
+        "(?:说话|讲话|口齿|吐字|舌头|言语)" + G3 + "(?:不清|含糊|含混|不利索|不利落|费劲|打结|大舌头|僵|发硬|不灵)|"
+        "说不出话|大舌头|答非所问|话都说不(?:出|清)|不会说话了",),
+        unless="(?:嗓子|喉咙|咽|声音)" + G3 + "(?:哑|沙哑|疼|痛|发炎)|哑了|失声|^(?!.*突然).*(?:孩子|宝宝|小孩|儿童|娃|幼儿|[1-6一二两三四五六]岁)"),
+    RedFlag("stroke", "vision_zh", (
+        SUDDEN_ZH + G4 + "(?:看不见|看不清|看不到|失明|瞎了|重影|看东西(?:模糊|重影|成双|有两个)|视力(?:下降|模糊|丧失)|视线模糊)|"
+        "一(?:只|侧|边)眼(?:睛)?" + G4 + "(?:看不见|看不清|看不到|失明|黑了|瞎)|半边(?:视野|看不见)|视野(?:缺|少)了一(?:块|半)",)),
+    RedFlag("stroke", "vision_dark_zh", (SUDDEN_ZH + G4 + "眼前(?:一黑|发黑)",),
+            unless="站起|蹲|起床|起身|坐起|低血糖|饿"),
+    RedFlag("stroke", "balance_zh", (
+        SUDDEN_ZH + G4 + "(?:站不稳|站不住|走不稳|走路不稳|走不了路|不会走路|走路歪|往一边倒|天旋地转|摔倒|跌倒|倒地|瘫倒|瘫软)",),
+        unless="站起|蹲|起床|起身|坐起"),
+    RedFlag("stroke", "event_zh", (
+        DISEASE_EVENT_CUE_ZH + "(?:小中风|中风|脑梗[死塞]?|脑卒中|脑溢血|脑出血)|"
+        "(?:中风|脑梗[死塞]?|脑卒中|脑溢血|脑出血)(?:又|突然)?(?:了|发作|犯了)",)),
+    RedFlag("stroke", "face_en", (
+        r"\b(?:face|mouth|smile|lip|eyelid)\b" + E15 + r"\b(?:droop\w*|sag\w*|lopsided|crooked|uneven|twisted|slack)\b|"
+        r"\bone side of " + PERSON_EN + r" (?:face|mouth|body)\b|\b(?:drooping|droopy|crooked|lopsided)\s+(?:face|mouth|smile)|"
+        r"\bfacial (?:droop|weakness|paralysis)|\bbell'?s palsy",)),
+    RedFlag("stroke", "arm_en", (
+        SUDDEN_EN + E25 + r"\b(?:weak\w*|numb\w*|paraly\w*|limp|can'?t (?:lift|move|raise|feel))|"
+        r"\b(?:can'?t|cannot|unable to) (?:lift|raise|move)\b" + E10 + r"\b(?:arm|arms|leg|hand|side)\b|"
+        r"\b(?:weakness|numbness|paralysis)\b" + E15 + r"\bone side|\bone (?:arm|leg|side)\b" + E15 +
+        r"\b(?:weak|numb|limp|dead|heavy|won'?t move)",)),
+    RedFlag("stroke", "speech_en", (
+        r"\bslurr\w*|\b(?:garbled|jumbled|confused)\s+(?:speech|words)|"
+        r"\b(?:can'?t|cannot|unable to|trouble|difficulty|struggling to|struggles to)\s+(?:speak|speaking|talk|talking|"
+        r"get (?:the|his|her|my) words out|find (?:the|his|her|my) words)\b|"
+        r"\bspeech\b" + E10 + r"\b(?:slurred|strange|garbled|weird|funny|gone)|\btalking (?:funny|strange|gibberish|nonsense)",),
+        unless=r"\b(?:lost (?:my|his|her) voice|laryngitis|hoarse)"),
+    RedFlag("stroke", "vision_en", (
+        SUDDEN_EN + E20 + r"\b(?:vision|blind\w*|can'?t see|double vision|blurr\w*)|"
+        r"\blost (?:the )?(?:vision|sight) in one eye|\bcan'?t see (?:out of|with) (?:one|his|her|my|the) (?:left |right )?eye|"
+        r"\bblind in one eye",)),
+    RedFlag("stroke", "balance_en", (
+        SUDDEN_EN + E20 + r"\b(?:dizz\w*|lost (?:his|her|my|their) balance|loss of balance|can'?t (?:walk|stand)|"
+        r"unable to (?:walk|stand)|unsteady|fell over|collapsed|room (?:is )?spinning|vertigo)",),
+        unless=r"\b(?:stand(?:ing)? up|get(?:ting)? up|got up)\b"),
+    RedFlag("stroke", "event_en", (
+        r"\b(?:having|had|has|is having|suffered|suffering)\s+(?:a|another)\s+(?:mini[- ]?)?stroke\b|"
+        + SUSPECT_EN + r"\b(?:stroke|tia)\b|"
+        r"\bmini[- ]?stroke\b",)),
+
+    # ---- breathing difficulty, blue lips, choking ---------------------------------------
+    RedFlag("breathing", "breathless_zh", (
+        "(?:喘不(?:上|过|动|来)|透不(?:过|上|到)|上不来|接不上)气|呼吸(?:困难|不(?:上来|过来|了)|急促|费力|很费劲|衰竭)|"
+        "不能呼吸|没法呼吸|无法呼吸|憋得(?:喘|透|上不来|脸)|气(?:都)?喘不|喘得(?:厉害|说不出|不行|要命|躺不下)|"
+        "喘不过来|哮喘(?:发作|犯了|急性发作)",)),
+    RedFlag("breathing", "cyanosis_zh", ("(?:嘴唇|嘴|脸|脸色|指甲|手指)" + G2 + "(?:发)?(?:紫|青紫|乌青|发青|青了|发绀|黑紫|发乌)",)),
+    RedFlag("breathing", "choking_zh", (
+        "(?:噎住|噎着|哽住|卡住|卡在)" + G4 + "(?:喉咙|嗓子|气管|喘|说不出|脸|呼吸)|"
+        "(?:喉咙|嗓子|气管)(?:里|眼)?" + G2 + "(?:卡|噎|堵)(?:住|了)?" + G4 + "(?:喘|说不出|呼吸|脸)|噎(?:住|着)了",),
+        not_before="(?:容易|经常|老是|总是|常常|有时|偶尔|爱)" + G3 + "$"),
+    RedFlag("breathing", "breathless_en", (
+        r"\b(?:can'?t|cannot|can not|unable to|struggling to|struggles to|hard to|difficult to|trouble|difficulty|problems?)\s+"
+        r"(?:breath\w*\b|catch (?:my|his|her|their) breath|get (?:air|a breath|his breath|her breath|my breath))"
+        r"(?!\s+(?:through|out of|with) " + PERSON_EN + r" nose)|"
+        r"\b(?:short(?:ness)? of breath|breathless\w*|gasping|not getting (?:enough )?air|struggling for (?:air|breath)|"
+        r"fighting for air)|\bwheez\w* (?:badly|heavily|a lot)|\basthma attack",)),
+    RedFlag("breathing", "cyanosis_en", (
+        r"\b(?:lips?|face|fingers?|fingertips|nails?|skin)\b" + E10 + r"\b(?:blue|bluish|purple|grey|gray)\b",)),
+    RedFlag("breathing", "choking_en", (
+        r"\bchok(?:ing|ed|es)\b(?!\s+hazard)|\b(?:something|food|it|a \w+)\s+(?:is\s+|got\s+)?stuck in " + PERSON_EN +
+        r" (?:throat|windpipe|airway)",),
+        not_before=r"\b(?:easily|often|always|sometimes|prevent|avoid)\b" + E10 + "$"),
+
+    # ---- anaphylaxis ------------------------------------------------------------------
+    RedFlag("anaphylaxis", "throat_tight_zh", (
+        "(?:喉咙|嗓子|喉头)" + G3 + "(?:发紧|紧得|锁住|被掐|缩紧|水肿)|过敏性休克|严重过敏反应",)),
+    RedFlag("anaphylaxis", "swelling_after_trigger_zh", (
+        "(?:喉咙|嗓子|舌头|嘴唇|眼皮|脸|面部|全身|浑身)" + G4 + "(?:肿|水肿|胀|风团|疹子|起包|荨麻疹)",
+        "过敏|蛰|蜇|叮|咬|打针|输液|吃药后|吃了药|花生|海鲜|芒果|坚果|虾|蟹|菠萝|青霉素|头孢|突然")),
+    RedFlag("anaphylaxis", "throat_en", (
+        r"\bthroat\b" + E15 + r"\b(?:closing|tight\w*|clos\w* up)|\btongue\b" + E10 + r"\b(?:swell\w*|swollen)|"
+        r"\bswollen tongue|\banaphyla\w*|\bepi-?pen|\badrenaline (?:pen|auto)",)),
+    RedFlag("anaphylaxis", "throat_swelling_en", (r"\bthroat\b" + E15 + r"\b(?:swell\w*|swollen)|\bswollen throat",),
+            unless=r"\bsore throat|\btonsil|\bstrep\b|\bcold\b|\bflu\b"),
+    RedFlag("anaphylaxis", "swelling_after_trigger_en", (
+        r"\b(?:lips?|face|eyes?|mouth)\b" + E10 + r"\b(?:swell\w*|swollen|puff\w* up|blow\w* up)|\bswollen (?:lips?|face|eyes?)",
+        r"\b(?:after (?:eating|a sting|being stung)|stung|sting|bee|wasp|ate|eating|peanuts?|nuts?|shellfish|allerg\w*|"
+        r"injection)")),
+
+    # ---- heavy bleeding ---------------------------------------------------------------
+    RedFlag("bleeding", "uncontrolled_zh", (
+        "(?:" + BLOOD_ZH + "|出血|流血)" + G4 + "(?:止不住|止不了|不止|停不下来|一直流|流个不停|哗哗|喷|涌)|止不住(?:的)?(?:血|流血|出血)|"
+        "大出血|大量出血|血流不止|血流如注|喷血|(?:伤口|口子)" + G6 + "(?:很深|好深|见骨|止不住|一直(?:流|出)血)|割到(?:动脉|血管)",)),
+    RedFlag("bleeding", "a_lot_zh", ("(?:" + BLOOD_ZH + "|出血|流血)" + G2 + "(?:很多|好多|特别多|一大滩|一地)|(?:流|出)了?" + G2 +
+                                     "(?:很多|好多|一大滩|一地|一大摊)(?:的)?血",),
+            unless="月经|经期|例假|大姨妈|生理期|牙龈|刷牙"),
+    RedFlag("bleeding", "uncontrolled_en", (
+        r"\bbleed\w*\b" + E20 + r"\b(?:won'?t|will not|wont|doesn'?t|does not|can'?t|isn'?t) stop|"
+        r"\b(?:won'?t|can'?t|cannot|couldn'?t) stop (?:the )?bleed\w*|\bblood\b" + E10 + r"\b(?:spurt\w*|pour\w*|gush\w*|everywhere)|"
+        r"\b(?:deep|bad) (?:cut|wound|gash)\b",)),
+    RedFlag("bleeding", "heavy_en", (
+        r"\b(?:heavy|heavily|severe|severely|profuse\w*|a lot of|lots of|so much|massive)\s+(?:bleed\w*|blood)|"
+        r"\bbleeding (?:heavily|a lot|badly|profusely|everywhere)",),
+        unless=r"\bperiods?\b|menstrua|\bgums?\b|\bstool|\bpoo|\bvomit"),
+
+    # ---- poisoning / overdose ---------------------------------------------------------
+    RedFlag("poisoning", "overdose_zh", (
+        "(?:吃|吞|服)(?:了|下|掉)?" + G4 + "(?:一|整|半|几|两|好几|大)(?:整)?(?:瓶|盒|板|把|大把|排)" + G3 +
+        "(?:药|片|胶囊)|(?:药|片|胶囊)" + G4 + "(?:吃|吞|服)(?:了|下|掉)" + G2 + "(?:一|整|半|几|两|好几)(?:整)?(?:瓶|盒|板|把)|"
+        "(?:吃|服|吞)(?:了|下|掉)" + G2 + "(?:\\d{2,}|十几|几十|二十|三十|四十|五十|一百|一大把|一把|一堆|过量|大量)(?:多)?(?:片|粒|颗)?|"
+        "药(?:吃|服)(?:多|过量|重复|错|重)了|(?:吃|服)(?:多|错|重)了?药|吃药吃(?:多|错|重)了|(?:服|用)药过量|过量服(?:用|药)|"
+        "误服|误食|误吃|误喝|误饮|吃错了?药",)),
+    RedFlag("poisoning", "chemical_zh", (
+        "(?:喝|吃|服|吞|咽)(?:了|下|掉)?" + G4 + "(?:农药|敌敌畏|百草枯|除草剂|杀虫剂|老鼠药|鼠药|耗子药|毒鼠强|消毒液|84|漂白|"
+        "洁厕|洗洁精|洗衣液|洗衣凝珠|汽油|煤油|医用酒精|消毒酒精|工业酒精|防冻液|甲醇|假酒|干燥剂|电池|纽扣电池|水银|磁铁)|"
+        "(?:农药|敌敌畏|百草枯|老鼠药|鼠药)" + G4 + "(?:喝|吃|吞)了|咬破了?体温计|(?<![物会能])中毒(?![吗么嘛])|"
+        "(?:被|让)?(?:毒)?蛇咬|蛇咬伤",)),
+    RedFlag("poisoning", "gas_zh", (
+        "(?:煤气|一氧化碳|燃气|天然气|炭火|烧炭|煤炉|炉子|炭盆)" + G10 +
+        "(?:中毒|头晕|头疼|头痛|恶心|晕倒|叫不醒|昏|泄漏|泄露|漏气|味道?很大)",)),
+    RedFlag("poisoning", "mushroom_zh", (
+        "(?:吃|误食)(?:了|完)?" + G6 + "(?:野蘑菇|野生菌|毒蘑菇|蘑菇|菌子|见手青)" + G10 +
+        "(?:吐|晕|拉|泻|幻觉|小人|不舒服|恶心|肚子疼|腹痛)",)),
+    RedFlag("poisoning", "overdose_en", (
+        r"\boverdos\w*|\b(?:took|swallowed|ate|taken|has taken|downed)\b" + E20 +
+        r"\b(?:whole|entire|full|all (?:of )?(?:the|my|his|her))\b" + E10 + r"\b(?:bottle|pack\w*|box|strip|blister|pills|"
+        r"tablets|meds|medication)|\btoo many\b" + E10 + r"\b(?:pills|tablets|capsules|meds|sleeping)",)),
+    RedFlag("poisoning", "chemical_en", (
+        r"\b(?:swallowed|drank|ate|drinking|ingested|has eaten|has drunk)\b" + E15 +
+        r"\b(?:bleach|poison\w*|pesticide|weed ?killer|antifreeze|detergent|laundry pod|dishwasher (?:tablet|pod)|"
+        r"batter(?:y|ies)|rat poison|cleaning (?:product|fluid)|paint thinner|petrol|gasoline|kerosene|methanol|mercury|"
+        r"silica gel|magnets?)|\bcarbon monoxide (?:poison\w*|leak)|\b(?:co|carbon monoxide|gas) alarm (?:is )?(?:going off|went off|beeping)|\bgas leak|(?<!food )\bpoison(?:ed|ing)\b|"
+        r"\bsnake ?bite|\bbitten by a snake|\b(?:wild|poisonous) mushroom",)),
+
+    # ---- seizure and unconsciousness --------------------------------------------------
+    RedFlag("seizure", "seizure_zh", (
+        "抽搐|抽风|痉挛发作|癫痫(?:发作|犯了|又犯)|羊(?:癫|角)疯|口吐白沫|翻白眼|惊厥|抽了过去",),
+        not_before="(?:眼皮|眼睑|眼角|嘴角|面肌|脸部?|面部|肌肉|小腿|腿肚子|腿|脚|脚趾|手指|胃|肚子|眼睛)" + G3 + "$"),
+    RedFlag("unconscious", "unresponsive_zh", (
+        "昏迷|不省人事|人事不省|叫不醒|喊不醒|叫不应|喊不应|拍不醒|摇不醒|叫(?:他|她|人)?(?:都)?没(?:有)?反应|"
+        "没(?:有)?(?:了)?(?:意识|心跳|脉搏)|失去(?:意识|知觉)|意识(?:不清|模糊|丧失)|神志不清|"
+        "昏倒|晕倒|晕过去|昏过去|倒地不起|倒在地上|休克(?![吗么])|心跳骤停|心脏骤停|心跳停了",)),
+    RedFlag("unconscious", "not_breathing_zh", ("没(?:有)?(?:了)?呼吸(?!暂停|困难|急促|不畅|问题|道)|呼吸(?:停了|停止了)",),
+            unless="打鼾|打呼|呼噜|鼾|睡眠呼吸暂停"),
+    RedFlag("seizure", "seizure_en", (
+        r"\bseiz(?:ure|ures|ing|ed)\b|\bconvuls\w*|\bfitting\b|\bhaving (?:a|another) fit\b|\bepileptic (?:fit|attack)|"
+        r"\bfoaming at the mouth|\beyes rolled? back",)),
+    RedFlag("unconscious", "unresponsive_en", (
+        r"\bunconscious|\bunresponsive|\bnot responding\b|"
+        r"\b(?:he|she|they|baby|dad|mum|mom|grandma|grandpa|granny|father|mother|husband|wife|son|daughter)\b" + E15 +
+        r"\b(?:won'?t|will not|isn'?t|is not|doesn'?t|can'?t) (?:wake|waking)|\b(?:won'?t|can'?t|cannot|couldn'?t) wake "
+        r"(?:him|her|them|my \w+|the baby)\b|\bpassed out|\bblack(?:ed)? out\b(?!\s*curtain)|\bfaint(?:ed|ing)\b|\bcollaps(?:ed|ing)\b|\bno (?:pulse|heartbeat)\b|"
+        r"\bcardiac arrest|\bkeeled over",)),
+    RedFlag("unconscious", "not_breathing_en", (r"\b(?:not|isn'?t|stopped|stops) breathing\b",),
+            unless=r"\bsnor\w*|\bsleep apn\w*"),
+
+    # ---- infant under 3 months with fever (NICE NG143) --------------------------------
+    RedFlag("infant_fever", "infant_fever_zh", (
+        BABY_ZH + "(?:才|刚|刚满|只有|还不到|不到)?" + INFANT_AGE_ZH + "|" + INFANT_AGE_ZH + "(?:大)?(?:的)?" + BABY_ZH +
+        "|新生儿|刚出生",
+        FEVER_ZH), not_before="(?:烧|热|咳|病|吐|拉)(?:了)?$"),
+    RedFlag("infant_fever", "infant_fever_en", (INFANT_EN, FEVER_EN)),
+
+    # ---- sudden worst-ever headache; meningitis signs -------------------------------------
+    RedFlag("severe_headache", "thunderclap_zh", (
+        "雷击样|霹雳样|" + SUDDEN_ZH + G4 + "(?:剧烈|剧|爆炸|炸裂|撕裂)" + G3 + "(?:的)?头(?:痛|疼)|" +
+        SUDDEN_ZH + G4 + "头(?:痛|疼)" + G4 + "(?:欲裂|炸|爆|剧烈|厉害得|受不了|难忍|要命)|"
+        "(?:这辈子|一辈子|有生以来|从来没有?|从没|前所未有|史上)" + G6 + "(?:厉害|严重|剧烈|疼|痛)" + G2 + "(?:的)?头(?:痛|疼)|"
+        "最(?:厉害|严重|剧烈|疼|痛)的一次头(?:痛|疼)|头(?:痛|疼)" + G4 + "(?:从来没有?这么|从没这么|前所未有|这辈子最)",)),
+    RedFlag("severe_headache", "stiff_neck_fever_zh", (
+        "(?:脖子|颈部|颈|后颈)" + G3 + "(?:发硬|硬|僵|转不动|不能弯|低不下)", "发烧|发热|高烧")),
+    RedFlag("severe_headache", "thunderclap_en", (
+        r"\bworst headache|\bthunderclap|" + SUDDEN_EN + E15 + r"\b(?:severe|excruciating|explosive|terrible|intense|"
+        r"blinding|splitting|agonizing|agonising|violent)\s+headache|\bheadache\b" + E20 + r"\b(?:out of nowhere|"
+        r"like (?:a|being) (?:hit|struck|kicked)|exploded|explosive|worst)|\bhead (?:feels like it(?:'s| is) )?"
+        r"(?:exploding|going to explode)",)),
+    RedFlag("severe_headache", "stiff_neck_fever_en", (r"\bstiff neck|\bneck (?:is )?(?:stiff|rigid)", r"\b(?:fever|high temperature)")),
+
+    # ---- vomiting blood, black tarry stools ------------------------------------------
+    RedFlag("gi_bleed", "vomit_blood_zh", (
+        "(?:吐|呕)(?:了|出)?" + G4 + BLOOD_ZH + "|呕血|咯血|咳(?:了|出)?" + G3 + BLOOD_ZH + "|咖啡(?:渣|色)样?" + G4 + "(?:呕吐|吐|东西)|"
+        "(?:呕吐物|吐的东西)" + G4 + "(?:血|咖啡|黑)|(?:大便|便)" + G4 + "(?:很多|大量|全是|都是|一大滩|一马桶)" + G2 + "血|"
+        "拉(?:了)?" + G3 + "(?:很多|好多|大量|一马桶|全是)(?:的)?血|便血" + G4 + "(?:很多|不止|止不住|大量)|柏油(?:样|色|便)",),
+        not_before="(?:气|急|累|笑|贵|坑|亏)(?:得|到|的)" + G2 + "$"),
+    RedFlag("gi_bleed", "black_stool_zh", (
+        "黑便|(?:大便|便便|屎|拉的|粪便)" + G4 + "(?:黑|发黑|是黑)|拉" + G3 + "黑(?:色)?(?:的)?(?:大便|便|屎)",),
+        unless="补铁|铁剂|硫酸亚铁|琥珀酸亚铁|铁片|猪血|鸭血|血豆腐|动物血|铋|黑芝麻|桑葚|蓝莓|墨鱼"),
+    RedFlag("gi_bleed", "vomit_blood_en", (
+        r"\b(?:vomit\w*|throw\w* up|threw up|puk\w*|cough\w* up|spitting up|spit up|bringing up)\b" + E10 + r"\bblood|"
+        r"\bblood\b" + E10 + r"\b(?:in|from)\b" + E6 + r"\b(?:vomit|sick|puke)|\bha?ematemesis|\bcoffee[- ]grounds?|"
+        r"\b(?:lots of|a lot of|large amount of)\b" + E10 + r"\bblood\b" + E20 + r"\b(?:stool|poo|poop|toilet)|\btarry\b",)),
+    RedFlag("gi_bleed", "black_stool_en", (
+        r"\bblack\b" + E10 + r"\b(?:stool|stools|poo|poop|bowel movements?)|\b(?:stool|stools|poo|poop)\b" + E10 +
+        r"\b(?:black|like tar)\b",),
+        unless=r"\biron\b|\bbismuth|pepto|\bblueberr|\bliquorice|\blicorice"),
+)
+
+_COMPILED: tuple[tuple[RedFlag, tuple[re.Pattern[str], ...], re.Pattern[str] | None, re.Pattern[str] | None], ...] = tuple(
+    (f, tuple(re.compile(p) for p in f.patterns),
+     re.compile(f.not_before) if f.not_before else None,
+     re.compile(f.unless) if f.unless else None)
+    for f in RED_FLAGS
+)
+
+# --------------------------------------------------------------------------------------
+# Context that cancels a match: negation, distant past, prevention framing
+# --------------------------------------------------------------------------------------
+
+# Words allowed between a negation and the symptom ("没[什么]胸痛", "不[觉得]胸口疼").
+_FILLER_ZH = "(?:什么|啥|任何|觉得|感觉|感到|出现|发生|有|过|明显|的|都|也|太|特别|我|他|她|还|再|一点|有点|啊|呀|了|一直|经常|想过|想|说|发现)"
+_NEG_BEFORE_ZH = re.compile(
+    "(?:(?<!有)没有?|无|(?<!是)不是|并非|未|从没有?|从来没有?|否认|(?<![受忍止挡说吃睡看听喘透站走记想对会])不|别|"
+    "差点|差一点|险些|并没有?)" + _FILLER_ZH + "*$")
+_NEG_AFTER_ZH = re.compile("^(?:倒是|倒|是|也|都|就|并|倒也)?(?:没有|没|无|不会|不)(?:呢|啊|的|了|过)?\\s*$")
+_FILLER_EN = (r"(?:any|a|an|the|real|really|actually|been|had|having|have|has|got|get|getting|felt|feel|feeling|"
+              r"experienced|experiencing|experience|signs?|of|symptoms?|my|his|her|their|much|more|significant|obvious|"
+              r"other|current|currently|suffer|suffering|from|think|it|is|was|bit|kind|like|show|showing|notice|noticed|"
+              r"complain|complaining|about|seem|seems|to|be|want|wanting|she|he|i|i'm|im|that|this|even|ever)")
+_NEG_BEFORE_EN = re.compile(
+    r"\b(?:no|not|never|without|denies|deny|don'?t|do not|doesn'?t|does not|didn'?t|did not|isn'?t|is not|aren'?t|"
+    r"wasn'?t|haven'?t|have not|hasn'?t|has not|nor|neither|almost|nearly|free of|ruled out|none)"
+    r"(?:\s+" + _FILLER_EN + r")*\s*$")
+
+# Distant past: a year or more ago. Anything current between it and the match wins.
+_PAST_BEFORE_ZH = re.compile(
+    "(?:去年|前年|几年前|多年前|好几年前|(?:\\d+|[一二两三四五六七八九十几多]+)年前|(?<![饭觉床班学点天])以前|曾经|小时候|年轻(?:时|的时候)|"
+    "之前(?:有过|得过))(?P<between>.*)$")
+_PAST_MONTHS_ZH = re.compile("(?:上个?月|几个月前|(?:\\d+|[一二两三四五六七八九十几]+)个月前|上周|上礼拜|上星期)(?P<between>.*)$")
+_RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出院|没再|没有再")
+_PAST_AFTER_ZH = re.compile("^(?:了|过|后)?(?:已经|有)?(?:\\d+|[一二两三四五六七八九十几多好]+)(?:多)?年(?:了|多了|前)?")
+_CURRENT_ZH = re.compile("又|再次|现在|今天|今早|今晚|刚才|刚刚|突然|这会儿|此刻|目前|最近|这两天|昨天|昨晚|今儿")
+_PAST_BEFORE_EN = re.compile(
+    r"\b(?:last year|years? ago|in the past|used to|history of|previously|as a child|when i was young|once had|"
+    r"in (?:19|20)\d\d)\b(?P<between>.*)$")
+_PAST_MONTHS_EN = re.compile(r"\b(?:last month|months? ago|last week)\b(?P<between>.*)$")
+_RESOLVED_EN = re.compile(r"\b(?:now fine|fine now|better now|recovered|all good now|ok now|okay now|healed|no longer)\b")
+_PAST_AFTER_EN = re.compile(r"^\W*(?:\w+\s+){0,3}?(?:(?:\d+|a|one|two|three|four|five|six|seven|eight|nine|ten|a few|"
+                            r"several|many)\s+years?\s+ago|last year|in (?:19|20)\d\d)\b")
+_CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|right now|suddenly|currently|yesterday)\b")
+
+_PREVENT_ZH = re.compile("(?:预防|防止|避免|防范|怎么防|如何防|怎样防|远离|降低)" + _g(6) + "$")
+_PREVENT_EN = re.compile(r"\b(?:prevent|preventing|prevention of|avoid|avoiding|risk of|reduce the risk of)\b(?:\s+[\w'-]+){0,3}\s*$")
+
+_CLAUSE_SPLIT = re.compile(r"[,.;!?，。；！？\n]+|但是|可是|但|然而|\b(?:but|however|although|though|except)\b")
+
+# Cantonese → Mandarin words that change a red flag's meaning (透唔到氣 = 透不到气).
+_CANTONESE = str.maketrans({"唔": "不", "冇": "没", "咗": "了", "佢": "他", "係": "是", "喺": "在", "嘅": "的", "啲": "些"})
+
+
+def _clauses(text: str) -> list[str]:
+    return [c for c in _CLAUSE_SPLIT.split(text) if c and c.strip()]
+
+
+def _cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | None) -> bool:
+    """True when the context around ``clause[start:end]`` cancels the match."""
+    before, after = clause[:start], clause[end:]
+    if not_before is not None and not_before.search(before):
+        return True
+    if _NEG_BEFORE_ZH.search(before) or _NEG_BEFORE_EN.search(before) or _NEG_AFTER_ZH.match(after):
+        return True
+    if _PREVENT_ZH.search(before) or _PREVENT_EN.search(before):
+        return True
+    for past, current in ((_PAST_BEFORE_ZH, _CURRENT_ZH), (_PAST_BEFORE_EN, _CURRENT_EN)):
+        m = past.search(before)
+        if m and not current.search(m.group("between")):
+            return True
+    for past, current, resolved in ((_PAST_MONTHS_ZH, _CURRENT_ZH, _RESOLVED_ZH),
+                                    (_PAST_MONTHS_EN, _CURRENT_EN, _RESOLVED_EN)):
+        m = past.search(before)
+        if m and not current.search(m.group("between")) and resolved.search(after):
+            return True
+    return bool(_PAST_AFTER_ZH.match(after) or _PAST_AFTER_EN.match(after))
+
+
+def _find(pattern: re.Pattern[str], clauses: list[str], not_before: re.Pattern[str] | None) -> bool:
+    for clause in clauses:
+        for m in pattern.finditer(clause):
+            if not _cancelled(clause, m.start(), m.end(), not_before):
+                return True
+    return False
+
+
+def match_red_flags(text: str) -> list[str]:
+    """Every red flag in ``text``, as ``"<category>.<name>"`` strings, in table order.
+
+    ``text`` may be the original message or its normalized form (characters,
+    any length). For tests and logs; :func:`triage` builds the reply.
+    """
+    view = normalize(text).text.translate(_CANTONESE)
+    clauses = _clauses(view)
+    hits = []
+    for flag, patterns, not_before, unless in _COMPILED:
+        if unless is not None and unless.search(view):
+            continue
+        if all(_find(p, clauses, not_before if i == 0 else None) for i, p in enumerate(patterns)):
+            hits.append(f"{flag.category}.{flag.name}")
+    return hits
+
+
+# --------------------------------------------------------------------------------------
+# Replies
+# --------------------------------------------------------------------------------------
+
+# What to do while waiting for the ambulance, only where a first-aid guideline says so
+# (NHS conditions pages, British/Chinese Red Cross first aid, 中风120, China CDC on
+# carbon monoxide). No medicine and no doses, ever.
+_WHILE_WAITING = {
+    "heart_attack": (
+        "等待时：马上停止活动，坐下或半躺休息，不要走动，也不要自己开车去医院；把门锁打开，方便急救人员进门；请身边的人陪着。",
+        "While you wait: stop what you are doing, sit down and rest; don't walk about or drive yourself to hospital. "
+        "Unlock the door for the ambulance crew and ask someone to stay with you."),
+    "stroke": (
+        "等待时：记下症状开始的时间（或最后一次看到他正常的时间），告诉急救人员；不要给他吃东西、喝水或吃药；让他躺下或半躺，身边不要离人。",
+        "While you wait: note the time the symptoms started (or when the person was last seen well) and tell the crew; "
+        "don't give food, drink or medicines; let them lie or sit supported and stay with them."),
+    "breathing": (
+        "等待时：让他坐直，松开衣领和腰带，开窗通风。如果是被东西噎住、不能说话也咳不出来，会的人可以用海姆立克急救法（拍背和腹部冲击）。",
+        "While you wait: help them sit upright, loosen tight clothing and let fresh air in. If they are choking and "
+        "cannot cough or speak, give back blows and abdominal thrusts (the Heimlich manoeuvre) if you know how."),
+    "anaphylaxis": (
+        "等待时：远离可能的过敏原；如果医生给他开过肾上腺素自动注射笔，按医生教过的方法马上使用。让他躺下并抬高双腿，呼吸困难就坐着，不要突然站起或走动。",
+        "While you wait: keep away from the trigger; if they have an adrenaline auto-injector prescribed for them, use "
+        "it as they were shown. Lie them down with legs raised, or sit them up if breathing is hard; don't let them "
+        "stand up suddenly or walk."),
+    "bleeding": (
+        "等待时：用干净的毛巾或纱布直接用力按压伤口，一直按住，不要松开查看；能做到的话把受伤部位抬高。",
+        "While you wait: press firmly on the wound with a clean cloth or pad and keep pressing without lifting it "
+        "to look; raise the injured part if you can."),
+    "poisoning": (
+        "等待时：不要自行催吐，也不要喂水喂东西；把药瓶、药盒或农药等包装带给医生看。如果是煤气（一氧化碳）：立即开窗通风，把人转移到空气新鲜处，不要开关电器、不要点火。",
+        "While you wait: don't make them vomit and don't give food or drink unless the emergency service tells you "
+        "to; keep the bottle, packet or container to show the doctors. For gas or carbon monoxide: open windows, get "
+        "everyone into fresh air and don't switch anything electrical on or off."),
+    "seizure": (
+        "等待时：移开他身边的硬物，不要按住他的手脚，不要往嘴里塞任何东西；记下抽搐开始的时间；抽搐停止后让他侧躺，保持呼吸通畅。",
+        "While you wait: move hard objects away, don't hold them down and put nothing in their mouth; note the time "
+        "it started; once it stops, roll them onto their side to keep the airway clear."),
+    "unconscious": (
+        "等待时：如果他叫不醒但有正常呼吸，让他侧躺，保持呼吸道通畅；如果没有呼吸或只是偶尔喘一下，按急救电话里调度员的指导做胸外按压。",
+        "While you wait: if they are unresponsive but breathing normally, put them on their side to keep the airway "
+        "clear; if they are not breathing normally, start chest compressions as the emergency call handler tells you."),
+    "infant_fever": (
+        "3个月以下的宝宝发烧（体温38℃或以上）需要立即看急诊：请马上带宝宝去医院儿科急诊，或拨打急救电话。不要给宝宝捂得太厚。",
+        "A baby under 3 months with a temperature of 38°C (100.4°F) or more needs to be seen urgently: go to the "
+        "emergency department now or call the emergency number. Don't over-wrap the baby."),
+    "severe_headache": (
+        "等待时：让他躺下休息，记下头痛开始的时间，不要自己开车去医院。",
+        "While you wait: let them lie down, note the time the headache started, and don't drive to hospital yourself."),
+    "gi_bleed": (
+        "等待时：让他躺下休息，先不要吃东西、喝水；如果还在吐，让他侧躺以免呛到；记下吐出物或大便的颜色和量，告诉医生。",
+        "While you wait: let them lie down and don't give food or drink; if they are still vomiting, turn them on "
+        "their side so they don't choke; note the colour and amount to tell the doctors."),
+}
+
+_HUMAN_OFFER = ("如需人工帮助，请回复“人工”。", 'Reply "human" to talk to a person.')
+
+
+def emergency_reply(category: str, lang: str, cfg: SafetyConfig, variant: str = "") -> str:
+    """The emergency reply for a red-flag ``category`` in ``lang`` (``"zh"``/``"en"``).
+
+    Numbers come from ``cfg`` (120 mainland China; 112 / 911 abroad) plus 999 for
+    Hong Kong and the UK; with ``variant == "hk"`` the Chinese reply names 999
+    first. Length: under 300 characters (well below WeChat's 2048-byte passive
+    reply limit in UTF-8).
+    """
+    zh = lang == "zh"
+    waiting = _WHILE_WAITING.get(category, ("", ""))[0 if zh else 1]
+    if zh:
+        if variant == "hk":
+            call = f"⚠️这可能是危急情况，请立即拨打{HONG_KONG_EMERGENCY}急救电话（内地请拨{cfg.emergency_number_zh}）。"
+        else:
+            call = f"⚠️这可能是危急情况，请立即拨打{cfg.emergency_number_zh}急救电话（香港请拨{HONG_KONG_EMERGENCY}），不要等待观察。"
+        return "\n".join(x for x in (call, waiting, _HUMAN_OFFER[0]) if x)
+    call = (f"⚠️ This may be an emergency. Call {cfg.emergency_number_en} now (your local emergency number; "
+            f"{UK_HK_EMERGENCY_EN}). Don't wait to see if it gets better.")
+    return "\n".join(x for x in (call, waiting, _HUMAN_OFFER[1]) if x)
+
+
+def crisis_reply(lang: str, cfg: SafetyConfig) -> str:
+    """The reply to suicidal thoughts or self-harm, in ``lang``.
+
+    Names the crisis line (``cfg.crisis_line_zh`` — 12356, China's 24-hour
+    psychological assistance hotline; ``cfg.crisis_line_en`` — 988 in the US),
+    suggests telling and staying with someone nearby, and says the emergency
+    number is right when there is immediate danger.
+    """
+    if lang == "zh":
+        return (
+            "听到你这么说，我很担心你。你愿意说出来很重要，你不需要一个人扛着。\n"
+            f"请现在就拨打心理援助热线{cfg.crisis_line_zh}（24小时），和专业的人聊一聊。\n"
+            "也请告诉身边信任的人你现在的感受，请他陪着你，先不要一个人待着。\n"
+            f"如果你已经伤害了自己，或觉得马上会有危险，请立即拨打{cfg.emergency_number_zh}。\n"
+            + _HUMAN_OFFER[0])
+    return (
+        "I'm really sorry you're going through this, and I'm glad you told me. You don't have to carry it alone.\n"
+        f"Please call or text a crisis line now: {cfg.crisis_line_en}.\n"
+        "Tell someone near you how you feel and ask them to stay with you; try not to be alone right now.\n"
+        f"If you have hurt yourself or are in immediate danger, call {cfg.emergency_number_en} now.\n"
+        + _HUMAN_OFFER[1])
+
+
+def triage(text: str, lang: str, cfg: SafetyConfig | None = None) -> TriageResult | None:
+    """Check one message for an emergency or a crisis.
+
+    Args:
+        text: the user's message, original or normalized (characters; Simplified,
+            Traditional, Cantonese-flavoured or English).
+        lang: reply language, ``"zh"`` or ``"en"``.
+        cfg: emergency numbers and crisis lines (default :class:`SafetyConfig`).
+
+    Returns:
+        ``None`` when no red flag is found. Otherwise a :class:`TriageResult`:
+        ``kind="emergency"`` if any medical red flag matched (a crisis line is
+        added when suicidal words are present too, e.g. an overdose), else
+        ``kind="crisis"``. The reply is in the user's script when ``text`` was
+        Traditional.
+    """
+    cfg = cfg or SafetyConfig()
+    hits = match_red_flags(text)
+    if not hits:
+        return None
+    norm = normalize(text)
+    emergencies = [h for h in hits if not h.startswith("crisis.")]
+    crisis = [h for h in hits if h.startswith("crisis.")]
+    if emergencies:
+        rule = emergencies[0]
+        reply = emergency_reply(rule.split(".")[0], lang, cfg, norm.variant)
+        if crisis:
+            reply += ("\n" + (f"心里很难受的话，也可以拨打心理援助热线{cfg.crisis_line_zh}。" if lang == "zh"
+                              else f"If you are struggling, you can also call {cfg.crisis_line_en}."))
+        kind = "emergency"
+    else:
+        rule, kind = crisis[0], "crisis"
+        reply = crisis_reply(lang, cfg)
+    if lang == "zh":
+        reply = to_user_script(reply, norm.script, norm.variant)
+    return TriageResult(kind=kind, rule=rule, reply=reply)
