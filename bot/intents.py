@@ -1,0 +1,200 @@
+"""Rule-based intents: greeting, human handoff, out of scope; and the canned replies.
+
+Runs after emergency triage (``safety.triage``) and next to the scope rules
+(``safety.scope``); anything these rules do not claim goes to knowledge retrieval.
+
+* GREETING only when the whole message is a greeting, thanks, "who are you" or
+  "help" (with polite filler): "你好" is a greeting, "你好，我失眠怎么办" is not.
+* HANDOFF whenever the user asks for a person: "转人工", "人工客服", "talk to a
+  person", or the bare word the bot itself suggests ("人工", "human").
+* OUT_OF_SCOPE conservatively: a non-health subject (weather, stocks, lottery,
+  homework, recipes, jokes, code, sports, travel, ...) AND no health word
+  anywhere in the message ("天气热怎么防中暑" is a health question).
+
+Rules are data (:data:`GREETING_TOKENS`, :data:`HANDOFF_PATTERNS`,
+:data:`OFF_TOPIC_PATTERNS`, :data:`HEALTH_WORDS`), matched on
+:attr:`safety.normalize.Normalized.text` (Simplified, lowercased).
+"""
+
+from __future__ import annotations
+
+import re
+
+from bot.types import Intent
+from safety.normalize import Normalized
+
+__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "GREETING_TOKENS", "HANDOFF_PATTERNS",
+           "OFF_TOPIC_PATTERNS", "HEALTH_WORDS"]
+
+# A message is a greeting when it is made only of these tokens (and punctuation/spaces).
+GREETING_TOKENS: tuple[str, ...] = (
+    # zh: hello / thanks / who are you / what can you do / help / bye
+    "你好", "您好", "你们好", "大家好", "哈喽", "哈啰", "嗨", "喂", "在吗", "在不在", "在么", "有人吗", "早上好", "上午好",
+    "中午好", "下午好", "晚上好", "早安", "午安", "晚安", "早", "谢谢", "多谢", "谢了", "感谢", "非常感谢", "太感谢了",
+    "辛苦了", "好的", "知道了", "明白了", "收到", "ok", "嗯嗯", "嗯", "哦", "再见", "拜拜",
+    "你是谁", "你是什么", "你叫什么", "你叫什么名字", "你是机器人吗", "你是真人吗", "你是ai吗", "你是医生吗",
+    "你能做什么", "你会什么", "你能干什么", "你可以做什么", "你有什么用", "你能帮我什么", "能帮我什么", "怎么用",
+    "帮助", "菜单", "使用说明", "功能",
+    # en
+    "hi", "hello", "hey", "hiya", "good morning", "good afternoon", "good evening", "morning", "thanks", "thank you",
+    "thank you very much", "thanks a lot", "thx", "ty", "cheers", "ok", "okay", "bye", "goodbye",
+    "who are you", "what are you", "are you a bot", "are you a robot", "are you human", "are you a doctor",
+    "what can you do", "what do you do", "how do i use this", "how does this work", "help", "menu", "/start", "/help",
+    "start",
+)
+# Words that may surround a greeting without making it a question ("医生你好呀", "thanks so much").
+_GREETING_FILLER: tuple[str, ...] = (
+    "啊", "呀", "哈", "呢", "吗", "了", "哦", "喔", "嘛", "啦", "哟", "~", "请问", "医生", "大夫", "老师", "小助手", "助手",
+    "机器人", "朋友", "你", "您", "们", "a lot", "so much", "very much", "there", "doctor", "doc", "bot", "again",
+    "for your help", "for the help", "please", "dear", "everyone", "all", "!", "?", ".", ",",
+)
+_GREETING_RE = re.compile(
+    r"^(?:\s|[,.!?;:~，。！？；：、]|"
+    + "|".join(sorted((re.escape(t) for t in GREETING_TOKENS + _GREETING_FILLER), key=len, reverse=True))
+    + r")+$")
+
+# Asking for a human. The bare words match only as the whole message.
+HANDOFF_PATTERNS: tuple[str, ...] = (
+    r"转人工|转接人工|人工客服|人工服务|人工坐席|接人工|(?<!需)要人工(?![\u4e00-\u9fff])|找人工(?![\u4e00-\u9fff])|我要人工|真人客服|找真人|和真人|跟真人|真人聊|"
+    r"找客服|联系客服|客服在吗|人工在吗|有没有人工|有人工吗|转客服|找个人聊|找人工客服|找医生聊|真人回复",
+    r"\b(?:talk|speak|chat)\s+(?:to|with)\s+(?:a|an|some|the)?\s*(?:real\s+)?(?:person|human|agent|someone|somebody|"
+    r"people|operator|staff|representative|nurse)\b|\bhuman agent\b|\breal person\b|\blive agent\b|\blive chat\b|"
+    r"\bcustomer service\b|\btransfer me\b|\bconnect me to\b|\bget me a (?:human|person)\b",
+    r"^(?:人工|真人|客服|human|agent|person|operator)[!?.！？。 ]*$",
+)
+_HANDOFF_RE = tuple(re.compile(p) for p in HANDOFF_PATTERNS)
+
+# Subjects that are not about health.
+OFF_TOPIC_PATTERNS: tuple[str, ...] = (
+    r"天气|气温多少|下雨吗|会下雨|下雪吗|天气预报|几级风|雾霾指数",
+    r"股票|股市|炒股|基金|a股|大盘|涨停|跌停|比特币|虚拟币|理财|汇率|黄金价格|油价|房价|利率",
+    r"彩票|双色球|大乐透|福彩|体彩|中奖号码|开奖",
+    r"作业|数学题|应用题|作文|解方程|语文题|英语题|考试答案|奥数|背课文|翻译(?:一下|成)",
+    r"菜谱|怎么做(?:才)?好吃|做法|红烧|糖醋|清蒸|爆炒|烤蛋糕|包饺子|卤肉|下厨",
+    r"笑话|讲个故事|脑筋急转弯|唱首歌|猜谜|段子",
+    r"代码|编程|程序|python|java|c\+\+|sql|bug|写个脚本",
+    r"比分|足球|篮球|nba|cba|世界杯|欧冠|奥运会|赛程|球赛|谁赢了",
+    r"旅游|景点|门票|机票|火车票|高铁票|酒店|攻略|签证|自驾",
+    r"电影|电视剧|综艺|明星|追剧|小说|游戏|王者荣耀|星座|算命|运势|风水|生肖",
+    r"快递|外卖|打车|导航|手机坏了|充话费|流量|wifi|电脑|打印机",
+    r"几点了|今天几号|星期几|现在几点|什么日子",
+    r"\bweather\b|\bforecast\b|\brain(?:ing)? (?:today|tomorrow)|\bstocks?\b|\bstock market\b|\bbitcoin\b|\bcrypto\b|"
+    r"\blottery\b|\bhomework\b|\bmath(?:s)? problem|\bessay\b|\brecipe\b|\bhow (?:do i|to) (?:cook|bake|make) |"
+    r"\bjoke\b|\bcode\b|\bcoding\b|\bpython\b|\bjavascript\b|\bprogram(?:ming)?\b|\bfootball\b|\bsoccer\b|"
+    r"\bbasketball\b|\bscores?\b|\bnba\b|\bmatch result|\btravel\b|\bflights?\b|\bhotels?\b|\btourist\b|\bmovie\b|"
+    r"\bsong\b|\bcapital of\b|\btranslate\b|\bwhat time is it\b|\bhoroscope\b|\bexchange rate\b",
+)
+_OFF_TOPIC_RE = tuple(re.compile(p) for p in OFF_TOPIC_PATTERNS)
+
+# Any of these anywhere means the message may be about health: never out of scope.
+HEALTH_WORDS: tuple[str, ...] = (
+    r"健康|养生|保健|身体|病|症|疼|痛|痒|酸痛|反酸|尿酸|腰酸|发麻|麻木|晕|咳|发烧|高烧|低烧|烧心|炎|肿|血|药|医|诊|睡|失眠|饮食|营养|减肥|体重|胖|瘦|卡路里|热量|"
+    r"血压|血糖|血脂|心脏|心慌|胃|肠|肝|肾|肺|骨|关节|腰|颈|眼|牙|皮肤|过敏|感冒|发烧|中暑|防晒|上火|湿气|体质|气虚|"
+    r"阳虚|阴虚|脾|孕|经期|月经|更年期|运动|锻炼|走路|跑步|散步|泡脚|按摩|穴位|艾灸|拔罐|刮痧|维生素|钙|蛋白质|盐|"
+    r"糖尿|胆固醇|便秘|腹泻|拉肚子|消化|抵抗力|免疫|老人|老年|宝宝|婴儿|喝水|喝茶|咖啡|喝酒|抽烟|戒烟|熬夜|精神|"
+    r"情绪|压力|焦虑|抑郁|心情|孤独|累|乏力|疲劳|头发|脱发|晕车|晕船|高原|时差|食疗|药膳|进补|滋补|补品|调理|"
+    r"少油|少盐|低脂|低糖|清淡|适合.{0,4}吃|能不能吃|能吃吗|可以吃吗|吃了会|对身体|养胃|护肝|长寿|体检|疫苗|"
+    r"伤|出汗|手脚|呼吸|喘|嗓子|喉咙|鼻|耳朵|耳鸣|头痛|头疼|头晕|头皮|肚子|恶心|呕吐|食欲|胃口",
+    r"\bhealth|\bwellness|\bpain\b|\bache|\bhurt|\bsick\b|\bill\b|\bdisease|\bdoctor|\bmedic|\bpills?\b|\bdrugs?\b|"
+    r"\bblood\b|\bheart\b|\bstomach|\bsleep|\binsomnia|\btired|\bfatigue|\bdiet\b|\bweight\b|\bcalorie|\bexercise|"
+    r"\bworkout|\bwalk(?:ing)?\b|\bnutrition|\bvitamin|\bprotein|\bsalt\b|\bsugar\b|\bsodium|\bfat\b|\bcholesterol|"
+    r"\bcough|\bcold\b|\bflu\b|\bfever|\ballerg|\bskin\b|\beyes?\b|\bteeth|\btooth|\bbreath|\bpregnan|\bperiod\b|"
+    r"\bstress|\banxi|\bmood|\bdepress|\bsymptom|\bbody\b|\bmuscle|\bbones?\b|\bjoints?\b|\bheadache|\bdizz|\bnause|"
+    r"\bvomit|\bdiarrh|\bconstipat|\bdigest|\bdiabet|\bpressure\b|\bsmok|\balcohol|\bhydrat|\bimmun|\bsunscreen|"
+    r"\bsunburn|\bheat ?stroke|\baltitude|\bjet ?lag|\bmotion sickness|\bhealthy|\blow[- ]salt|\blow[- ]sugar|"
+    r"\bdiabetic|\bgluten|\bsafe to eat|\bnutritious|\bcheck-?up|\bvaccin",
+)
+_HEALTH_RE = tuple(re.compile(p) for p in HEALTH_WORDS)
+
+
+def _is_greeting(text: str) -> bool:
+    return bool(text) and len(text) <= 40 and bool(_GREETING_RE.match(text))
+
+
+def rule_intent(norm: Normalized) -> Intent | None:
+    """Classify a message by rule, or return ``None`` to let retrieval decide.
+
+    Args:
+        norm: the normalized message (:func:`safety.normalize.normalize`). Call
+            after ``safety.triage``: an emergency wins over everything here.
+
+    Returns:
+        :attr:`Intent.HANDOFF` (asked for a person; checked first, so "你好，转人工"
+        is a handoff), :attr:`Intent.GREETING` (the whole message is a greeting,
+        thanks, who-are-you or help, at most 40 characters),
+        :attr:`Intent.OUT_OF_SCOPE` (a non-health subject and no health word), or
+        ``None``.
+    """
+    text = norm.text.strip()
+    if not text:
+        return None
+    if any(p.search(text) for p in _HANDOFF_RE):
+        return Intent.HANDOFF
+    if _is_greeting(text):
+        return Intent.GREETING
+    if any(p.search(text) for p in _OFF_TOPIC_RE) and not any(p.search(text) for p in _HEALTH_RE):
+        return Intent.OUT_OF_SCOPE
+    return None
+
+
+_REPLIES: dict[Intent, tuple[str, str]] = {
+    Intent.GREETING: (
+        "您好！我是健康养生小助手，可以用通俗的话回答日常保健问题，比如：\n"
+        "· 失眠睡不着怎么调理？\n· 高血压饮食要注意什么？\n· 老人怎么预防跌倒？\n"
+        "我不是医生，不能诊断、开药或解读化验单；身体不适请及时就医。需要人工帮助请回复“人工”。",
+        "Hello! I'm a health and wellness assistant. I answer everyday questions in plain words, for example:\n"
+        "- How can I sleep better?\n- What should I eat with high blood pressure?\n- How can older people avoid falls?\n"
+        "I'm not a doctor: I can't diagnose, prescribe or read test results. If you feel unwell, please see a "
+        'doctor. Reply "human" to talk to a person.'),
+    Intent.HANDOFF: (
+        "好的，正在为您转接人工客服，请稍候。工作人员接入前，您可以先把问题描述一下。如果情况紧急，请直接拨打120。",
+        "OK, I'm connecting you to a member of our team; please wait a moment. You can describe your question in "
+        "the meantime. In an emergency, call your local emergency number (112 / 911) now."),
+    Intent.OUT_OF_SCOPE: (
+        "抱歉，这个问题不在我能帮忙的范围内。我专门回答健康养生方面的问题，比如睡眠、饮食、运动、慢病生活方式、"
+        "中医养生、老人和孩子的日常保健。有这方面的问题，欢迎随时问我。",
+        "Sorry, that's outside what I can help with. I answer health and wellness questions: sleep, food, exercise, "
+        "living with long-term conditions, traditional Chinese wellness, and everyday care for older people and "
+        "children. Ask me anything about those."),
+    Intent.NO_ANSWER: (
+        "这个问题我没办法给您可靠的回答，不想随便说误导您。建议咨询医生，或到医院的全科门诊问一问。"
+        "需要人工帮助请回复“人工”。",
+        "I'm afraid this isn't something I can answer reliably, and I'd rather not guess. Please ask a doctor "
+        '(your GP or family doctor is a good start). Reply "human" to talk to a person.'),
+    Intent.REFER_DOCTOR: (
+        "这个问题需要医生结合您的具体情况判断，我不能代替医生诊断或开药。建议到医院全科或相应专科就诊，用药问题可以问药师。",
+        "This needs a doctor who knows your situation: I can't diagnose or prescribe. Please see your GP or "
+        "family doctor; a pharmacist can help with questions about medicines."),
+    Intent.EMERGENCY: (
+        "⚠️这可能是危急情况，请立即拨打120急救电话（香港请拨999）。如需人工帮助，请回复“人工”。",
+        "⚠️ This may be an emergency. Call 112 / 911 now (your local emergency number; 999 in the UK and Hong "
+        'Kong). Reply "human" to talk to a person.'),
+}
+
+
+def intent_reply(intent: Intent, lang: str) -> str:
+    """The canned reply for ``intent`` in ``lang`` (``"zh"`` Simplified or ``"en"``).
+
+    Covers GREETING (what the bot does, example questions, not a doctor),
+    HANDOFF (connecting to a person), OUT_OF_SCOPE (kind; what it can help
+    with), NO_ANSWER (honest: cannot answer reliably, see a doctor, offer a
+    person), plus generic REFER_DOCTOR and EMERGENCY texts for callers without a
+    :mod:`safety.scope` / :mod:`safety.triage` result (prefer those: they are
+    specific). Emergency numbers: 120 / 999 (zh), 112 / 911 / 999 (en).
+
+    Raises:
+        ValueError: for :attr:`Intent.ANSWER` and :attr:`Intent.SYSTEM`, which
+            have no canned text.
+    """
+    try:
+        zh, en = _REPLIES[Intent(intent)]
+    except (KeyError, ValueError):
+        raise ValueError(f"no canned reply for intent {intent!r}: answers come from the knowledge base") from None
+    return zh if lang == "zh" else en
+
+
+def unsupported_reply(lang: str) -> str:
+    """Reply to images, voice, stickers, video and other non-text messages, in ``lang``."""
+    if lang == "zh":
+        return "我暂时只能看懂文字，请用文字描述您的问题，比如“最近总是失眠怎么办”。"
+    return 'I can only read text for now. Please type your question, for example "How can I sleep better?"'
