@@ -66,7 +66,7 @@ async def evaluate(dispatcher: Dispatcher, rows: list[dict]) -> EvalResult:
     """Run every labelled question through the dispatcher and score it."""
     res = EvalResult()
     for i, row in enumerate(rows):
-        reply = await dispatcher.handle(Inbound(channel="eval", user_id="eval", chat_id="eval",
+        reply = await dispatcher.handle(Inbound(channel="eval", user_id=f"eval-{i}", chat_id=f"eval-{i}",
                                                 message_id=f"eval-{i}", kind=MessageKind.TEXT, text=row["q"],
                                                 lang=None))
         got, want = reply.intent.value, row["intent"]

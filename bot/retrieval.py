@@ -35,11 +35,14 @@ LEXICAL_SATURATION = 6.0
 #: Labelled non-answer examples (out_of_scope, no_answer) for the nearest-neighbour check.
 INTENT_EXAMPLES = Path(__file__).parent / "intent_examples.yaml"
 #: A message is off-topic when its nearest labelled non-answer example is closer
-#: than its best topic by more than this cosine margin (tuned with ``healthbot eval``).
-OFF_TOPIC_MARGIN = {"out_of_scope": 0.0, "no_answer": 0.0}
+#: than its best topic's nearest example question by more than this cosine margin
+#: (tuned with ``healthbot eval``). The no_answer margin is negative on purpose: a
+#: specialist question answered with a neighbouring wellness topic misleads, an
+#: honest "I can't answer that reliably" does not.
+OFF_TOPIC_MARGIN = {"out_of_scope": 0.0, "no_answer": -0.01}
 #: Logistic calibration of the confidence: (scale, centre) for the hybrid score
 #: and the weight of the margin to the second-best topic.
-CALIBRATION = {"scale": 30.0, "centre": 0.86, "margin_weight": 0.5}
+CALIBRATION = {"scale": 40.0, "centre": 0.90, "margin_weight": 1.0}
 
 
 class TextEncoder(Protocol):
@@ -178,7 +181,7 @@ class Retriever:
         nearest = {kind: float((v @ q).max()) for kind, v in self.example_vectors.items()}
         off_topic = None
         for kind in ("out_of_scope", "no_answer"):
-            if kind in nearest and nearest[kind] > out[0].score + OFF_TOPIC_MARGIN[kind]:
+            if kind in nearest and nearest[kind] > out[0].dense + OFF_TOPIC_MARGIN[kind]:
                 off_topic = kind
                 break
         return SearchResult(out, off_topic, nearest)
