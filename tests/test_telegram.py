@@ -24,7 +24,7 @@ from telegram.error import RetryAfter
 from adapters import telegram_constants as tc
 from adapters.telegram import (SendPolicy, TelegramAdapter, parse_update, render_html, retry_after_seconds,
                                setup_telegram, split_text, use_polling, utf16_len, webhook_admin)
-from bot.config import ConfigError, load_config
+from bot.config import REPO_ROOT, ConfigError, load_config
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
 from bot.types import Inbound, Intent, MessageKind, Reply
@@ -730,3 +730,26 @@ async def test_e2e_handoff_round_trip_with_the_real_dispatcher(tg_real: Harness)
                           tg_real.u.topic_message(AGENTS, AGENT, thread, "/done"))
     texts = tg_real.texts(user)
     assert texts[-2] == "人工客服：\n试试固定起床时间" and texts[-1].startswith("人工客服已结束本次对话")
+
+
+@pytest.mark.model
+async def test_create_app_with_a_token_serves_post_telegram(tmp_path):
+    if not (REPO_ROOT / "engines" / "manifest.json").exists():
+        pytest.skip("engines/manifest.json missing: run 'make model'")
+    from bot.app import create_app  # noqa: PLC0415
+    fake = await FakeBotAPI(token=TOKEN).start()
+    cfg = load_config(env={"HEALTHBOT_DATA_DIR": str(tmp_path), "HEALTHBOT_TELEGRAM_TOKEN": TOKEN,
+                           "HEALTHBOT_TELEGRAM_SECRET": SECRET, "HEALTHBOT_TELEGRAM_API_BASE": fake.api_base})
+    server = TestServer(create_app(cfg), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        user, u = _fresh_user(), Updates()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{server.port}/telegram", json=u.text(user, "失眠怎么调理"),
+                                 headers={tc.SECRET_HEADER: SECRET}) as resp:
+                assert resp.status == 200
+        (answer,) = await fake.wait_for(lambda: fake.texts_to(user), timeout=10)
+        assert "睡" in answer
+    finally:
+        await server.close()
+        await fake.close()
