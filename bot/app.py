@@ -25,7 +25,8 @@ class _LateDispatcher:
 
 
 def create_app(cfg: Config) -> web.Application:
-    """Build the app: ``GET/POST /wechat``, ``POST /api/chat``, ``GET /healthz``, ``GET /readyz``.
+    """Build the app: ``GET/POST /wechat``, ``POST /api/chat``, ``GET /healthz``, ``GET /readyz``,
+    and ``POST /telegram`` when ``telegram.token`` is set.
 
     The model, knowledge base and inference pool are loaded in the app's cleanup
     context (start-up) and drained on shutdown.
@@ -56,4 +57,7 @@ def create_app(cfg: Config) -> web.Application:
     app.router.add_get("/readyz", readyz)
     setup_http(app, dispatcher)
     setup_wechat(app, cfg, dispatcher)
+    if cfg.telegram.token:  # POST /telegram and the bot's lifecycle (adapters/telegram.py)
+        from adapters.telegram import setup_telegram
+        setup_telegram(app, cfg, dispatcher, handoff)
     return app
