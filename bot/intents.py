@@ -34,19 +34,21 @@ GREETING_TOKENS: tuple[str, ...] = (
     "辛苦了", "好的", "知道了", "明白了", "收到", "ok", "嗯嗯", "嗯", "哦", "再见", "拜拜",
     "你是谁", "你是什么", "你叫什么", "你叫什么名字", "你是机器人吗", "你是真人吗", "你是ai吗", "你是医生吗",
     "你能做什么", "你会什么", "你能干什么", "你可以做什么", "你有什么用", "你能帮我什么", "能帮我什么", "怎么用",
-    "帮助", "菜单", "使用说明", "功能",
+    "帮助", "菜单", "使用说明", "功能", "太谢谢", "太感谢", "谢谢啦", "你能帮我做什么", "你是干什么的", "你是做什么的",
+    "怎么用这个", "这个怎么用", "这是什么", "这是干什么的",
     # en
     "hi", "hello", "hey", "hiya", "good morning", "good afternoon", "good evening", "morning", "thanks", "thank you",
     "thank you very much", "thanks a lot", "thx", "ty", "cheers", "ok", "okay", "bye", "goodbye",
     "who are you", "what are you", "are you a bot", "are you a robot", "are you human", "are you a doctor",
     "what can you do", "what do you do", "how do i use this", "how does this work", "help", "menu", "/start", "/help",
-    "start",
+    "start", "that helps", "that's helpful", "great", "got it", "who am i talking to", "who is this",
+    "are you a real doctor", "are you real", "what is this", "what's this",
 )
 # Words that may surround a greeting without making it a question ("医生你好呀", "thanks so much").
 _GREETING_FILLER: tuple[str, ...] = (
     "啊", "呀", "哈", "呢", "吗", "了", "哦", "喔", "嘛", "啦", "哟", "~", "请问", "医生", "大夫", "老师", "小助手", "助手",
     "机器人", "朋友", "你", "您", "们", "a lot", "so much", "very much", "there", "doctor", "doc", "bot", "again",
-    "for your help", "for the help", "please", "dear", "everyone", "all", "!", "?", ".", ",",
+    "for your help", "for the help", "please", "dear", "everyone", "all", "so", "very", "!", "?", ".", ",",
 )
 _GREETING_RE = re.compile(
     r"^(?:\s|[,.!?;:~，。！？；：、]|"
@@ -56,45 +58,51 @@ _GREETING_RE = re.compile(
 # Asking for a human. The bare words match only as the whole message.
 HANDOFF_PATTERNS: tuple[str, ...] = (
     r"转人工|转接人工|人工客服|人工服务|人工坐席|接人工|(?<!需)要人工(?![\u4e00-\u9fff])|找人工(?![\u4e00-\u9fff])|我要人工|真人客服|找真人|和真人|跟真人|真人聊|"
-    r"找客服|联系客服|客服在吗|人工在吗|有没有人工|有人工吗|转客服|找个人聊|找人工客服|找医生聊|真人回复",
+    r"客服|人工在吗|有没有人工|有人工吗|找个人聊|找医生聊|真人回复|找个真人|有没有真人|真人在吗|投诉",
     r"\b(?:talk|speak|chat)\s+(?:to|with)\s+(?:a|an|some|the)?\s*(?:real\s+)?(?:person|human|agent|someone|somebody|"
     r"people|operator|staff|representative|nurse)\b|\bhuman agent\b|\breal person\b|\blive agent\b|\blive chat\b|"
-    r"\bcustomer service\b|\btransfer me\b|\bconnect me to\b|\bget me a (?:human|person)\b",
-    r"^(?:人工|真人|客服|human|agent|person|operator)[!?.！？。 ]*$",
+    r"\bcustomer service\b|\btransfer me\b|\bconnect me to\b|\bget me a (?:human|person|real person)\b|"
+    r"\b(?:person|human|someone|somebody) (?:i|we) can (?:talk|speak|chat) (?:to|with)\b|\bmake a complaint\b",
+    r"^(?:人工|真人|客服|human|agent|person|operator|real person)(?: please| pls)?[!?.！？。 ]*$",
 )
 _HANDOFF_RE = tuple(re.compile(p) for p in HANDOFF_PATTERNS)
 
 # Subjects that are not about health.
 OFF_TOPIC_PATTERNS: tuple[str, ...] = (
-    r"天气|气温多少|下雨吗|会下雨|下雪吗|天气预报|几级风|雾霾指数",
-    r"股票|股市|炒股|基金|a股|大盘|涨停|跌停|比特币|虚拟币|理财|汇率|黄金价格|油价|房价|利率",
+    r"天气(?:怎么样|如何|好不好|预报|热不热|冷不冷)|气温多少|几度|下雨吗|会下雨|下雪吗|几级风|雾霾指数",
+    r"股票|股市|炒股|基金|(?<![a-z])a股|大盘|涨停|跌停|比特币|虚拟币|理财|汇率|黄金价格|油价|房价|利率",
     r"彩票|双色球|大乐透|福彩|体彩|中奖号码|开奖",
     r"作业|数学题|应用题|作文|解方程|语文题|英语题|考试答案|奥数|背课文|翻译(?:一下|成)",
-    r"菜谱|怎么做(?:才)?好吃|做法|红烧|糖醋|清蒸|爆炒|烤蛋糕|包饺子|卤肉|下厨",
+    r"菜谱|怎么做(?:才)?好吃|做法|红烧|糖醋|清蒸|爆炒|蛋糕|烘焙|烤箱|包饺子|卤肉|下厨",
     r"笑话|讲个故事|脑筋急转弯|唱首歌|猜谜|段子",
-    r"代码|编程|程序|python|java|c\+\+|sql|bug|写个脚本",
-    r"比分|足球|篮球|nba|cba|世界杯|欧冠|奥运会|赛程|球赛|谁赢了",
+    r"代码|编程|程序|(?<![a-z])(?:python|java|c\+\+|sql|bug)(?![a-z])|写个脚本",
+    r"比分|足球|篮球|(?<![a-z])(?:nba|cba)(?![a-z])|世界杯|欧冠|奥运会|赛程|球赛|谁赢了",
     r"旅游|景点|门票|机票|火车票|高铁票|酒店|攻略|签证|自驾",
     r"电影|电视剧|综艺|明星|追剧|小说|游戏|王者荣耀|星座|算命|运势|风水|生肖",
-    r"快递|外卖|打车|导航|手机坏了|充话费|流量|wifi|电脑|打印机",
+    r"快递|外卖|打车|导航|手机|充话费|流量|电脑|打印机|信号|下载|安装|软件|密码|账号|微信怎么|(?<![a-z])(?:wifi|app)(?![a-z])",
+    r"^你(?:几岁|多大|喜欢|结婚|是男|是女|住在?哪|有男朋友|有女朋友|吃饭了|在干嘛|今年)",
     r"几点了|今天几号|星期几|现在几点|什么日子",
     r"\bweather\b|\bforecast\b|\brain(?:ing)? (?:today|tomorrow)|\bstocks?\b|\bstock market\b|\bbitcoin\b|\bcrypto\b|"
     r"\blottery\b|\bhomework\b|\bmath(?:s)? problem|\bessay\b|\brecipe\b|\bhow (?:do i|to) (?:cook|bake|make) |"
     r"\bjoke\b|\bcode\b|\bcoding\b|\bpython\b|\bjavascript\b|\bprogram(?:ming)?\b|\bfootball\b|\bsoccer\b|"
     r"\bbasketball\b|\bscores?\b|\bnba\b|\bmatch result|\btravel\b|\bflights?\b|\bhotels?\b|\btourist\b|\bmovie\b|"
-    r"\bsong\b|\bcapital of\b|\btranslate\b|\bwhat time is it\b|\bhoroscope\b|\bexchange rate\b",
+    r"\bsong\b|\bcapital of\b|\btranslate\b|\bwhat time is it\b|\bhoroscope\b|\bexchange rate\b|\bpoem\b|"
+    r"\bstory\b|\blaptop\b|\bcomputer\b|\bphone\b|\belection\b|\bpresident\b|\bpolitic|\bbread\b|\bcake\b|"
+    r"\d+\s*(?:times|plus|minus|divided by|×|\*)\s*\d+",
 )
 _OFF_TOPIC_RE = tuple(re.compile(p) for p in OFF_TOPIC_PATTERNS)
 
 # Any of these anywhere means the message may be about health: never out of scope.
 HEALTH_WORDS: tuple[str, ...] = (
     r"健康|养生|保健|身体|病|症|疼|痛|痒|酸痛|反酸|尿酸|腰酸|发麻|麻木|晕|咳|发烧|高烧|低烧|烧心|炎|肿|血|药|医|诊|睡|失眠|饮食|营养|减肥|体重|胖|瘦|卡路里|热量|"
-    r"血压|血糖|血脂|心脏|心慌|胃|肠|肝|肾|肺|骨|关节|腰|颈|眼|牙|皮肤|过敏|感冒|发烧|中暑|防晒|上火|湿气|体质|气虚|"
+    r"血压|血糖|血脂|心脏|心慌|胃|肠|肝|肾|肺|关节|腰|颈|眼|牙|皮肤|过敏|感冒|发烧|中暑|防晒|上火|湿气|体质|气虚|"
     r"阳虚|阴虚|脾|孕|经期|月经|更年期|运动|锻炼|走路|跑步|散步|泡脚|按摩|穴位|艾灸|拔罐|刮痧|维生素|钙|蛋白质|盐|"
-    r"糖尿|胆固醇|便秘|腹泻|拉肚子|消化|抵抗力|免疫|老人|老年|宝宝|婴儿|喝水|喝茶|咖啡|喝酒|抽烟|戒烟|熬夜|精神|"
+    r"糖尿|胆固醇|便秘|腹泻|拉肚子|消化|骨头|骨质|骨折|骨科|筋骨|骨密度|抵抗力|免疫|老人|老年|宝宝|婴儿|喝水|喝茶|咖啡|喝酒|抽烟|戒烟|熬夜|精神|"
     r"情绪|压力|焦虑|抑郁|心情|孤独|累|乏力|疲劳|头发|脱发|晕车|晕船|高原|时差|食疗|药膳|进补|滋补|补品|调理|"
     r"少油|少盐|低脂|低糖|清淡|适合.{0,4}吃|能不能吃|能吃吗|可以吃吗|吃了会|对身体|养胃|护肝|长寿|体检|疫苗|"
-    r"伤|出汗|手脚|呼吸|喘|嗓子|喉咙|鼻|耳朵|耳鸣|头痛|头疼|头晕|头皮|肚子|恶心|呕吐|食欲|胃口",
+    r"伤|出汗|手脚|呼吸|喘|嗓子|喉咙|鼻|耳朵|耳鸣|头痛|头疼|头晕|头皮|肚子|恶心|呕吐|食欲|胃口|嘴唇|口干|干裂|干燥|"
+    r"脸上|手上|脚上|腿|胳膊|后背|指甲|便|尿|体温|感染|保暖|着凉|受凉|冻疮|痱子|玩手机|看手机|刷手机|屏幕|用眼|"
+    r"多久合适|危害|好处|坏处|有害|洗手|肩|背(?!景|包|书|单词|后)|酸(?!菜|奶|梅)|梗|中风|癌|瘤|空调|冷气|暖气|熬(?!汤|粥|药|中药)|戒|太久|姿势|坐姿|趴着|驼背|看多久|玩多久",
     r"\bhealth|\bwellness|\bpain\b|\bache|\bhurt|\bsick\b|\bill\b|\bdisease|\bdoctor|\bmedic|\bpills?\b|\bdrugs?\b|"
     r"\bblood\b|\bheart\b|\bstomach|\bsleep|\binsomnia|\btired|\bfatigue|\bdiet\b|\bweight\b|\bcalorie|\bexercise|"
     r"\bworkout|\bwalk(?:ing)?\b|\bnutrition|\bvitamin|\bprotein|\bsalt\b|\bsugar\b|\bsodium|\bfat\b|\bcholesterol|"
@@ -102,7 +110,12 @@ HEALTH_WORDS: tuple[str, ...] = (
     r"\bstress|\banxi|\bmood|\bdepress|\bsymptom|\bbody\b|\bmuscle|\bbones?\b|\bjoints?\b|\bheadache|\bdizz|\bnause|"
     r"\bvomit|\bdiarrh|\bconstipat|\bdigest|\bdiabet|\bpressure\b|\bsmok|\balcohol|\bhydrat|\bimmun|\bsunscreen|"
     r"\bsunburn|\bheat ?stroke|\baltitude|\bjet ?lag|\bmotion sickness|\bhealthy|\blow[- ]salt|\blow[- ]sugar|"
-    r"\bdiabetic|\bgluten|\bsafe to eat|\bnutritious|\bcheck-?up|\bvaccin",
+    r"\bdiabetic|\bgluten|\bsafe to eat|\bnutritious|\bcheck-?up|\bvaccin|\bscreen time|\bposture|\bbad for\b|"
+    r"\bgood for (?:you|me|kids|children|health)|\bappetite|\beat(?:ing)?\b|\bfood|\bmeals?\b|\bswell|\bswollen|"
+    r"\bfeet\b|\bfoot\b|\bhands?\b|\bfingers?\b|\blegs?\b|\barms?\b|\bback\b|\bneck\b|\bshoulders?\b|\bknees?\b|"
+    r"\bawake\b|\bnap|\bgroggy|\bhappy|\bsad\b|\blonely|\bupset|\boil\b|\bfried\b|\bfruit|\bvegetable|\btcm\b|"
+    r"\byang\b|\byin\b|\bqi\b|\belderly|\bbaby|\bkids?\b|\bchild|\bwash|\bgerms?\b|\bbath|\bshower|\bsun\b|"
+    r"\bscroll|\bscreens?\b|\bstroke\b|\bcancer|\btumou?r",
 )
 _HEALTH_RE = tuple(re.compile(p) for p in HEALTH_WORDS)
 

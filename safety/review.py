@@ -112,6 +112,11 @@ _COMPILED = tuple((reason, name, re.compile(p)) for reason, name, p in REVIEW_RU
 
 # Context that turns a match into a warning, a condition or a referral.
 _CLAUSE_START = re.compile(r"[。！？!?；;\n，,]|\.\s")
+_SENTENCE_START = re.compile(r"[。！？!?；;\n]|\.\s")
+# How far back a cancelling word may stand: a clause for warnings about medicines
+# ("不要自行停药，..." does not cover the next clause), a sentence for conditions
+# ("If feet blister, or you have diabetes and a foot wound, ...").
+_WINDOW = {"stop_medicine": _CLAUSE_START, "diagnosis": _SENTENCE_START, "dose": _CLAUSE_START}
 _CANCEL_BEFORE = {
     "stop_medicine": re.compile(
         "不要|别|切勿|不可|不能|不宜|请勿|勿|不得|禁止|千万|不应|避免|不建议|严禁|是否|要不要|能否|由医生|遵医嘱|医生指导|"
@@ -133,9 +138,9 @@ _CANCEL_AFTER = {
 }
 
 
-def _clause_before(text: str, start: int) -> str:
+def _clause_before(text: str, start: int, boundary: re.Pattern[str] = _CLAUSE_START) -> str:
     cut = 0
-    for m in _CLAUSE_START.finditer(text, 0, start):
+    for m in boundary.finditer(text, 0, start):
         cut = m.end()
     return text[cut:start]
 
@@ -155,7 +160,7 @@ def review(text: str, lang: str) -> ReviewResult:
     reasons: list[str] = []
     for reason, name, pattern in _COMPILED:
         for m in pattern.finditer(low):
-            before = _clause_before(low, m.start())
+            before = _clause_before(low, m.start(), _WINDOW[reason])
             after = low[m.end():]
             if _CANCEL_BEFORE[reason].search(before) or _CANCEL_AFTER[reason].search(after):
                 continue

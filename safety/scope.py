@@ -44,12 +44,14 @@ class ScopeResult:
 @dataclass(frozen=True)
 class ScopeRule:
     """One scope rule: ``pattern`` (regex over the normalized text) must match,
-    ``unless`` (regex over the whole normalized text), if given, must not."""
+    ``also`` (regex), if given, must match somewhere too, and ``unless`` (regex
+    over the whole normalized text), if given, must not."""
 
     reason: str
     name: str
     pattern: str
     unless: str | None = None
+    also: str | None = None
 
 
 # Medicines and medicine forms, Chinese and English. Foods are deliberately absent.
@@ -65,20 +67,24 @@ DRUG_EN = (r"(?:medicine|medication|meds|drugs?|pills?|tablets?|capsules?|dose|d
            r"levothyroxine|thyroxine)")
 # Things a person measures at home, which the knowledge base explains (check.* topics):
 # not report readings.
-_LAB_ZH = ("(?:白细胞|红细胞|血红蛋白|血小板|中性粒|淋巴细胞|转氨酶|谷丙|谷草|肌酐|尿素氮|尿酸|胆固醇|甘油三酯|"
-           "低密度|高密度|糖化|甲状腺|肿瘤标志物|癌胚抗原|甲胎蛋白|尿蛋白|潜血|隐血|c反应蛋白|血沉|d-二聚体|铁蛋白|胆红素|"
-           "碱性磷酸酶|谷氨酰|(?<![a-z])(?:alt|ast|ldl|hdl|hba1c|tsh|t3|t4|cea|afp|psa|ca125|ca199|crp|wbc)(?![a-z]))")
+_LAB_ZH = ("(?:白细胞|红细胞|(?<!糖化)血红蛋白|血小板|中性粒|淋巴细胞|转氨酶|谷丙|谷草|肌酐|尿素氮|尿酸|胆固醇|甘油三酯|"
+           "低密度|高密度|甲状腺|肿瘤标志物|癌胚抗原|甲胎蛋白|尿蛋白|潜血|隐血|c反应蛋白|血沉|d-二聚体|铁蛋白|胆红素|"
+           "碱性磷酸酶|谷氨酰|(?<![a-z])(?:alt|ast|ldl|hdl|tsh|t3|t4|cea|afp|psa|ca125|ca199|crp|wbc)(?![a-z]))")
 _LAB_EN = (r"(?:alt|ast|wbc|white (?:blood )?cells?(?: count)?|rbc|ha?emoglobin|platelets?|creatinine|egfr|tsh|t4|"
-           r"hba1c|a1c|ldl|hdl|triglycerides?|cholesterol|psa|crp|esr|ferritin|bilirubin|uric acid|urea|"
+           r"ldl|hdl|triglycerides?|cholesterol|psa|crp|esr|ferritin|bilirubin|uric acid|urea|"
            r"neutrophils?|lymphocytes?|liver enzymes?|cea|ca-?125)")
 _REPORT_DOC_ZH = ("(?:化验单|化验结果|化验报告|检验报告|检验结果|检查报告|检查结果|体检报告|体检结果|报告单|血常规|尿常规|便常规|"
                   "肝功|肾功|甲功|血脂四项|生化(?!危机)|(?<![a-z])ct(?![a-z])|核磁|磁共振|mri|b超|彩超|心电图|胃镜|肠镜|病理|片子)")
 _REPORT_CUE_ZH = ("(?:什么意思|啥意思|正常吗|正不正常|严重吗|严不严重|要紧吗|有问题吗|说明什么|代表什么|怎么看|看不懂|帮我看|"
                   "帮忙看|解读|偏高|偏低|升高|降低|高了|低了|异常|箭头|阳性|阴性|↑|↓|\\d|我的|写着|显示|提示|结果)")
 _NUM = r"\d+(?:\.\d+)?"
+_NUM_ZH = "(?:\\d+(?:\\.\\d+)?|[一二两三四五六七八九十半]+)"
 # Foods counted in 片/粒 ("生姜每天吃几片", "每天吃几粒坚果"): not medicine doses.
 _FOOD_PIECES_ZH = "姜|面包|西瓜|苹果|柠檬|山楂|黄瓜|饼干|吐司|肉片|薯片|海苔|坚果|花生|核桃|红枣|枸杞|桂圆|莲子"
 _PERSON_ZH = "(?:我|我妈|我爸|他|她|孩子|宝宝|老人|家人|老公|老婆|我家|这)"
+# Named diseases that "是不是X" asks about directly ("最近老忘事，是不是老年痴呆").
+_NAMED_DISEASE_ZH = ("(?:糖尿病|高血压|心脏病|冠心病|肝炎|乙肝|肺炎|结核|甲亢|甲减|抑郁症|焦虑症|老年痴呆|痴呆|阿尔茨海默|帕金森|"
+                     "白血病|胃炎|胃溃疡|肠炎|肾炎|结石|痛风|类风湿|癌症|肿瘤|颈椎病|腰椎间盘突出|前列腺炎|抑郁)")
 _DISEASE_ZH = ("(?:癌|肿瘤|瘤|糖尿病|高血压|心脏病|冠心病|肝炎|乙肝|肺炎|结核|甲亢|甲减|抑郁|焦虑症|老年痴呆|阿尔茨海默|帕金森|"
                "白血病|艾滋|梅毒|性病|hpv|胃炎|胃溃疡|肠炎|肾炎|结石|囊肿|结节|息肉|前列腺|红斑狼疮|类风湿|痛风|"
                "[^,.;!?，。；！？上火虚湿寒热燥]病|[^,.;!?，。；！？]症(?!状))")
@@ -90,8 +96,14 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "(?:把药)?(?:停|停掉|停用|停了|不吃|不用吃|不用再吃|不再吃|减|减少|减量|减半|换|换成|加量|加大|少吃|断|戒)" +
               "[^,.;!?，。；！？]{0,6}" + DRUG_ZH),
     ScopeRule("stop_medicine", "drug_then_stop_zh",
-              DRUG_ZH + "[^,.;!?，。；！？]{0,10}(?:能不能|可不可以|可以|能|要不要|是不是|该不该|想|打算)"
+              DRUG_ZH + "[^,.;!?，。；！？]{0,10}(?:能不能|可不可以|可以|能|要不要|是不是|该不该|想|打算)(?:自己|自行|直接|慢慢|先)?"
               "(?:停|停掉|停用|不吃|不用吃|减|减量|减半|换|加量|少吃|断|戒)"),
+    ScopeRule("stop_medicine", "stop_question_zh",
+              "(?:能不能|可不可以|可以|能|是不是可以|要不要)(?:自己|自行|直接|慢慢|先)?(?:停|停掉|停了|不吃了|减量|减少|减半|换成|"
+              "换别的|换一种|换个)|(?:不想|不愿意|不打算)(?:再)?(?:吃|用|打)[^,.;!?，。；！？]{0,2}" + DRUG_ZH +
+              "(?![^,.;!?，。；！？]{0,4}(?:能靠|靠|怎么|调理|饮食|食疗|办法|方法|运动))|"
+              "(?:能|可以)停(?:了)?吗|不吃(?:了)?(?:行不行|可以吗|行吗)",
+              also=DRUG_ZH),
     ScopeRule("stop_medicine", "stop_noun_zh", "停药|减药|换药|断药|停掉(?:药|胰岛素)|自己调(?:整)?(?:药|剂量)",
               unless="换药(?:室|处)|伤口换药"),
     ScopeRule("stop_medicine", "no_more_medicine_zh",
@@ -99,9 +111,9 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "(?![^,.;!?，。；！？]{0,3}(?:调理|改善|缓解|降|治|解决|怎么|的方法|办法))"),
     ScopeRule("stop_medicine", "stop_en",
               r"\b(?:stop|stopping|quit|quitting|come off|coming off|go off|get off|skip|skipping|cut out|drop)\s+"
-              r"(?:taking\s+|using\s+)?(?:my|his|her|the|these|those|all)?\s*(?:\w+\s+){0,3}?" + DRUG_EN +
+              r"(?:taking\s+|using\s+)?(?:my|his|her|the|these|those|all)?\s*(?:(?!without)\w+\s+){0,3}?" + DRUG_EN +
               r"|\b(?:reduce|reducing|lower|lowering|cut|cutting|halve|halving|double|doubling|increase|increasing|change|"
-              r"changing|switch|switching|adjust|adjusting)\s+(?:down\s+)?(?:on\s+)?(?:my|his|her|the)\s+(?:\w+\s+){0,2}?"
+              r"changing|switch|switching|adjust|adjusting)\s+(?:down\s+)?(?:on\s+)?(?:my|his|her|the)\s+(?:(?!without)\w+\s+){0,2}?"
               + DRUG_EN + r"|\boff (?:my|his|her) (?:\w+\s+)?(?:meds|medication|medicine|pills|insulin)\b"),
 
     # ---- dose -----------------------------------------------------------------------
@@ -109,16 +121,22 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "剂量|服用量|几毫克|多少毫克|多少mg|几mg|几微克|多少微克|吃几粒|吃几丸|多少粒|几个单位|多少单位|"
               "(?:吃|服)(?:几|多少)片|(?:一次|每次|一天|每天|一日)(?:吃|服|用|打)?(?:几|多少)(?:粒|丸|支|胶囊)",
               unless=_FOOD_PIECES_ZH),
+    ScopeRule("dose", "dose_ml_zh", "(?:吃|服|喂|用|喝)(?:几|多少)(?:毫升|ml)|几毫升|多少毫升",
+              unless="奶|水|汤|果汁|粥|饮料|米糊|豆浆|茶|酒|尿|出汗", also=DRUG_ZH + "|美林|泰诺林"),
+    ScopeRule("dose", "drug_amount_zh", DRUG_ZH + "[^,.;!?，。；！？]{0,10}" + _NUM_ZH +
+              "(?:片|粒|丸|胶囊|毫克|mg|微克|毫升|ml|单位|袋|支)", unless=_FOOD_PIECES_ZH),
     ScopeRule("dose", "drug_how_much_zh",
               DRUG_ZH + "[^,.;!?，。；！？]{0,10}(?:吃多少|吃几|用多少|用量|服多少|打多少|一次多少|一天多少|多大量|多少量|怎么吃|"
-              "怎么服用|怎么用|吃几次|一天几次|饭前|饭后|空腹吃|睡前吃|吃多久)|(?:吃|服|用|打)(?:多少|几)(?:片|粒|颗|袋|支|毫升|ml)?"
+              "怎么服用|怎么用|吃几次|一天几次|饭前|饭后|空腹吃|睡前吃|吃多久|什么时候吃|几点吃|早上吃|晚上吃)|(?:吃|服|用|打)(?:多少|几)(?:片|粒|颗|袋|支|毫升|ml)?"
               + DRUG_ZH, unless=_FOOD_PIECES_ZH),
     ScopeRule("dose", "dose_en",
               r"\bhow (?:many|much)\s+(?:mg|milligrams?|mcg|micrograms?|pills?|tablets?|capsules?|tabs|drops|units|ml)\b|"
               r"\bhow much\b(?:\s+\w+){0,4}\s+(?:should|can|do|could|must)\s+(?:i|he|she|we|you|they)\s+(?:take|give|use|inject)\b|"
               r"\bhow (?:often|many times)\b[^.?!]{0,30}\b(?:take|give)\b[^.?!]{0,20}" + DRUG_EN + r"|"
               r"\b(?:the|a|my|right|correct|safe|max|maximum|exact|usual|normal|daily|recommended)\s+(?:dose|dosage)\b|"
-              r"\bdosage\b|\bdosing\b|\bmg of\b|\bwhat dose\b",
+              r"\bdosage\b|\bdosing\b|(?<![a-z])mg of\b|\bwhat dose\b|\b" + _NUM + r"\s*(?:mg|milligrams?|mcg|tablets?|"
+              r"pills?|capsules?|ml)\b[^.?!]{0,20}" + DRUG_EN + r"|" + DRUG_EN + r"[^.?!]{0,20}\b" + _NUM + r"\s*(?:mg|milligrams?|"
+              r"mcg|tablets?|pills?|capsules?|ml)\b",
               unless=r"\b(?:caffeine|sodium|salt|sugar|protein|fib(?:er|re)|water|calories|carbs|exercise)\b"),
 
     # ---- prescription: which medicine to take --------------------------------------------
@@ -126,42 +144,47 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "开(?:点|些|个|一点|一些)?(?:" + YAO + "|方子|处方|中药|西药)|给我开|帮我开|开个方|药方|(?<!非)处方(?!药和)|"
               "(?:吃|用|喝|打|上|买|抹|擦)(?:点)?(?:什么|啥|哪种|哪个|哪些|那种)(?:" + YAO + "|中药|西药|中成药|抗生素|消炎药|针|药膏)|"
               "(?:什么|啥|哪种|哪个|哪些)(?:" + YAO + "|中成药|抗生素|消炎药)(?:好|管用|有效|最好|能治|可以治|比较好|效果好)|"
-              "推荐(?:点|个|一种|一下|几种)?" + "[^,.;!?，。；！？]{0,4}" + YAO + "|有(?:什么|没有|啥)(?:特效)?" + YAO),
-    ScopeRule("prescription", "interaction_zh",
-              DRUG_ZH + "[^,.;!?，。；！？]{0,8}(?:能|可以|能不能|可不可以)(?:和|跟|与|同时|一起)[^,.;!?，。；！？]{0,8}"
-              "(?:吃|喝|用)|(?:吃|用)[^,.;!?，。；！？]{0,4}" + DRUG_ZH + "[^,.;!?，。；！？]{0,6}(?:能|可以|能不能)(?:喝|吃)",
-              unless="保健品要不要"),
+              "推荐(?:点|个|一种|一下|几种)?" + "[^,.;!?，。；！？]{0,4}" + YAO + "|有(?:什么|没有|啥)(?:特效)?" + YAO + "|"
+              "(?:" + YAO + "|中药|中成药|西药)[^,.;!?，。；！？]{0,6}(?:推荐|介绍)|(?<![防])治[^,.;!?，。；！？]{0,6}(?:" + YAO + "|中药|中成药)|"
+              "有没有(?![^,.;!?，。；！？]{0,4}(?:不吃|不用|不靠|除了))[^,.;!?，。；！？]{0,8}" + YAO),
     ScopeRule("prescription", "prescribe_en",
               r"\bprescri\w*|\b(?:which|what) (?:medicine|medication|meds|drug|pills?|tablets?|antibiotics?|cream|ointment)\b|"
               r"\bwhat (?:can|should) (?:i|he|she|we) (?:take|give (?:him|her|them))\b|\brecommend (?:a|some|any)?\s*"
               r"(?:medicine|medication|drug|pills?|antibiotic)|\bbest (?:medicine|medication|drug|pill)s? for\b|"
-              r"\bcan (?:i|he|she) (?:take|mix|combine|have)\b[^.?!]{0,25}" + DRUG_EN + r"[^.?!]{0,25}\b(?:with|and|together)\b"),
+              r"\bwhich (?:medicine|medication|drug|pill)s? (?:is|are) (?:best|better|good)\b"),
 
     # ---- report: reading the person's own lab / imaging results --------------------------
     ScopeRule("report", "report_doc_zh", _REPORT_DOC_ZH + "[^,.;!?，。；！？]{0,12}" + _REPORT_CUE_ZH + "|我(?:的|妈的|爸的|家人的)?"
-              + _REPORT_DOC_ZH + "|帮我(?:看|解读)(?:看|一下)?(?:报告|化验|结果|单子)"),
+              + _REPORT_DOC_ZH + "|帮我(?:看|解读)(?:看|一下)?[^,.;!?，。；！？]{0,4}(?:报告|化验|结果|单子)"),
     ScopeRule("report", "lab_value_zh", _LAB_ZH + "[^,.;!?，。；！？]{0,4}" + _NUM +
               "(?!\\s*(?:岁|年|个月|天|次|斤|公斤|kg))",
               unless="多少算正常|正常值是多少|正常范围是多少|怎么降|饮食|吃什么|不能吃"),
     ScopeRule("report", "report_en",
               r"\b(?:my|his|her|these|the)\s+(?:lab|blood|test|urine|scan|ct|mri|x-ray|ultrasound|biopsy)\s*(?:test\s+)?"
               r"(?:results?|report|work|numbers|findings)\b|\bwhat does (?:my|this|the|his|her) (?:result|report|test|value|level|"
-              r"number|reading|scan)s? (?:mean|say|show)|\b" + _LAB_EN + r"\s*(?:is|was|of|at|came back(?: at| as)?|levels? (?:is|are|of|at)|"
+              r"number|reading|scan)s? (?:mean|say|show)|\bwhat do (?:my|these|his|her|the) (?:\w+ )?(?:results|numbers|levels|"
+              r"tests) (?:mean|say|show)|\b(?:blood|lab|test|scan|urine) (?:test |work )?(?:shows?|showed|says|said|came back)\b|"
+              r"\b" + _LAB_EN + r"\s*(?:is|was|of|at|came back(?: at| as)?|levels? (?:is|are|of|at)|"
               r"reading|count (?:is|of)|:|=)?\s*" + _NUM + r"\b"),
 
     # ---- diagnosis -------------------------------------------------------------------
     ScopeRule("diagnosis", "diagnosis_zh",
               "(?:" + _PERSON_ZH + "(?:是不是|是否|会不会|难道)(?:得了|患了|有了?|是|长了)?|(?:是不是|是否|难道|会不会)"
               "(?:得了|患了|有了?|是|长了)|会不会是|难道是)[^,.;!?，。；！？]{0,6}" + _DISEASE_ZH +
+              "|是不是(?:得了|有|长了)?" + _NAMED_DISEASE_ZH + "|是不是(?:得了|有|长了)?[^,.;!?，。；！？]{0,3}(?<![致防抗])癌"
+              "|(?:像不像|是不是像|算不算|属不属于)[^,.;!?，。；！？]{0,4}" + _DISEASE_ZH +
               "|这是什么病|是什么病|得了什么病|得的什么病|什么毛病|啥病|帮我(?:诊断|看看是不是|判断一下|判断是不是)|给我诊断|"
               "诊断一下|帮我确诊|能确诊吗",
               unless="怎么预防|如何预防|预防[^,.;!?，。；！？]{0,6}(?:吗|呢)?$"),
     ScopeRule("diagnosis", "diagnosis_en",
-              r"\bdo (?:i|you think i) have (?!to\b|time\b|enough\b|a question)|\bdoes (?:he|she|my \w+) have (?!to\b)|"
+              r"(?<!why )\bdo (?:i|you think i) have (?!to\b|time\b|enough\b|a question)|\bdoes (?:he|she|my \w+) have (?!to\b)|"
               r"\bhave i got\b|\bam i (?:diabetic|anaemic|anemic|depressed|sick with|pregnant|dying)\b|"
-              r"\b(?:is|could) (?:it|this|that) (?:be )?(?:cancer|a tumou?r|diabetes|serious|malignant|benign|a sign of \w+)|"
+              r"\b(?:is|could) (?:it|this|that)(?: \w+)? (?:be )?(?:cancer|a tumou?r|diabetes|malignant|benign|a sign of \w+)|"
               r"\bwhat(?:'s| is) wrong with (?:me|him|her|my \w+)|\bwhat (?:disease|illness|condition) (?:do|does|is|have)|"
-              r"\bdiagnos\w*|\bpretend (?:you(?:'re| are) )?(?:to be )?(?:a|my) doctor|\bact as (?:a|my) doctor"),
+              r"\bdiagnos\w*|\b(?:mean|means|sign|signs) (?:that )?(?:i|he|she|my \w+) (?:have|has|might have|could have) "
+              r"(?:a |an )?(?:cancer|tumou?r|something serious|leuka?emia|heart disease|dementia|parkinson'?s|ms)\b|"
+              r"\bcould (?:it|this|these|that)(?: \w+){0,2} (?:be|mean) (?:cancer|a tumou?r|serious|something serious)|"
+              r"\S.{10,}\bwhat (?:is|could be|might be) (?:it|this|that)\s*\??\s*$|\bwhat could (?:it|this|that) be\b|\bpretend (?:you(?:'re| are) )?(?:to be )?(?:a|my) doctor|\bact as (?:a|my) doctor"),
     ScopeRule("diagnosis", "roleplay_zh", "(?:假装|假设|你就当|当作|扮演)[^,.;!?，。；！？]{0,4}(?:你是|自己是)?[^,.;!?，。；！？]{0,2}医生"),
 
     # ---- price -----------------------------------------------------------------------
@@ -170,7 +193,15 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
                                    r"\bcovered by (?:my )?insurance"),
 )
 
-_COMPILED = tuple((r, re.compile(r.pattern), re.compile(r.unless) if r.unless else None) for r in SCOPE_RULES)
+_COMPILED = tuple((r, re.compile(r.pattern), re.compile(r.unless) if r.unless else None,
+                   re.compile(r.also) if r.also else None) for r in SCOPE_RULES)
+
+
+def _first_rule(view: str) -> ScopeRule | None:
+    for rule, pattern, unless, also in _COMPILED:
+        if pattern.search(view) and not (unless and unless.search(view)) and not (also and not also.search(view)):
+            return rule
+    return None
 
 # Which department to suggest, first match wins. Chinese hospital department names;
 # English replies suggest the GP / family doctor first.
@@ -267,16 +298,11 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
         price), or ``None`` for a question the knowledge base may answer.
     """
     view = normalize(text).text
-    for rule, pattern, unless in _COMPILED:
-        if pattern.search(view) and not (unless and unless.search(view)):
-            return ScopeResult(reason=rule.reason, reply=refer_reply(rule.reason, lang, view))
-    return None
+    rule = _first_rule(view)
+    return ScopeResult(reason=rule.reason, reply=refer_reply(rule.reason, lang, view)) if rule else None
 
 
 def matching_rule(text: str) -> str | None:
     """Name of the first scope rule matching ``text`` (``"<reason>.<name>"``), for tests and logs."""
-    view = normalize(text).text
-    for rule, pattern, unless in _COMPILED:
-        if pattern.search(view) and not (unless and unless.search(view)):
-            return f"{rule.reason}.{rule.name}"
-    return None
+    rule = _first_rule(normalize(text).text)
+    return f"{rule.reason}.{rule.name}" if rule else None

@@ -136,6 +136,8 @@ INFANT_EN = (
 )
 FEVER_ZH = "(?:发烧|发热|高烧|低烧|烧到|烧了|体温|3[89](?:\\.\\d)?度?|40度|烫手|摸着烫)"
 FEVER_EN = r"(?:fever|temperature|\btemp\b|feverish|burning up|hot to the touch|38(?:\.\d)?\s?°?c\b|100\.4|10[0-4](?:\.\d)?\s?°?f\b)"
+CHEMICAL_ZH = ("(?:农药|敌敌畏|百草枯|除草剂|杀虫剂|老鼠药|鼠药|耗子药|毒鼠强|消毒液|消毒水|84|漂白|洁厕|洗洁精|洗衣液|"
+               "洗衣凝珠|汽油|煤油|医用酒精|消毒酒精|工业酒精|防冻液|甲醇|假酒|干燥剂|电池|纽扣电池|水银|磁铁)")
 DISEASE_EVENT_CUE_ZH = "(?:是不是|会不会|好像|可能|疑似|怀疑|像是|像|怕是|应该是|估计)是?"
 # "血" as bleeding, not 血压/血糖/验血/贫血 and the like.
 BLOOD_ZH = "(?<![验抽查献测采输贫])血(?![压糖脂管型常小液检清栓红氧])"
@@ -149,8 +151,11 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("crisis", "suicidal_zh", (
         "想死(?![你他她它人])|不想活|活着(?:真)?没(?:意思|意义|劲|盼头)|活不下去|不如死(?:了|掉)|"
         "死了(?:算了|好了|就好了|一了百了)|一死了之|一了百了|自杀|轻生|寻死|想不开|生无可恋|活腻了|"
-        "(?:想|准备|打算)(?:去)?(?:跳楼|跳河|跳江|上吊|喝农药|卧轨|死(?![你他她它人]))|结束(?:自己的?)?生命|了结(?:自己|生命|此生)|"
-        "不想(?:再)?醒(?:来|过来)|没有活下去|撑不下去了|想(?:要)?解脱",)),
+        "(?:想|准备|打算)(?:去)?(?:跳楼|跳河|跳江|上吊|喝农药|卧轨|死(?![你他她它人]))|(?:想|要|准备|打算)" + G6 + "跳下去|"
+        "活够了|(?:想|要)?(?:结束|了结)(?:这一切|一切)|结束(?:自己的?)?生命|了结(?:自己|生命|此生)|"
+        "不想(?:再)?醒(?:来|过来)|没有活下去|撑不下去了|想(?:要)?解脱|遗书|遗言",)),
+    RedFlag("crisis", "plan_zh", (
+        "(?:准备|攒|存|买)(?:好|了)?" + G4 + "(?:药|安眠药|绳子|木炭|炭|刀片)", "结束|了结|死|不想活|离开这个世界")),
     RedFlag("crisis", "self_harm_zh", ("割腕|自残|自伤|伤害自己(?!的?(?:身体|健康|胃|肝))",)),
     RedFlag("crisis", "cut_self_zh", ("(?:割|划|烫)(?:伤|破)?(?:自己|手腕)(?!的?(?:身体|健康))",),
             not_before="(?:小心|切菜|做饭|削|刮)" + G3 + "$"),
@@ -159,7 +164,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bsuicid\w*|\b(?:want|wanna|wanted|ready) (?:to )?die\b|\bdon'?t want to (?:live|be alive|be here|wake up|exist)|"
         r"\bno (?:reason|point) (?:to|in) (?:live|living|go on|going on)|\bbetter off dead|\btake my (?:own )?life|"
         r"\bnot worth living|\bcan'?t go on\b|\bwish i (?:was|were) dead|\bwish i (?:wasn'?t|weren'?t) (?:alive|here|born)|"
-        r"\bjump off (?:a|the) (?:bridge|building|roof)",)),
+        r"\bjump off (?:a|the) (?:bridge|building|roof)|\bend(?:ing)? it (?:all|tonight|today|now|soon)\b|"
+        r"\b(?:saved up|stockpil\w*|hoard\w*|collect\w*)\b" + E15 + r"\b(?:pills|tablets|meds)|\bbetter off without me|\bif i (?:was|were) dead|\bif i (?:died|wasn'?t here)",)),
     RedFlag("crisis", "self_harm_en", (
         r"\bself[- ]?harm\w*|\b(?:hurt|hurting|harm|harming|cut|cutting|burn|burning) myself\b",)),
 
@@ -167,7 +173,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("heart_attack", "chest_pain_zh", (
         "(?:胸(?!肌|罩|围|怀|襟|有成竹|针)|心口|心窝|心前区|前胸)(?:口|部|前|膛|腔|里|这)?" + G4 +
         "(?:痛|疼|闷|压(?!力)|紧|憋|堵|绞|难受|不舒服|石头|大石|重物|透不过|喘不)",),
-        unless="经期|月经|例假|生理期|大姨妈|乳房|乳腺|哺乳|喂奶|涨奶|胀奶"),
+        unless="经期|月经|例假|生理期|大姨妈|乳房|乳腺|哺乳|喂奶|涨奶|胀奶|咳(?:嗽|得|的时候|时)"),
     RedFlag("heart_attack", "heart_pain_zh", ("心脏" + G3 + "(?:疼|痛|难受|不舒服|揪|绞|压(?!力))|心绞痛",)),
     RedFlag("heart_attack", "event_zh", (
         DISEASE_EVENT_CUE_ZH + "(?:心梗|心肌梗[死塞]|心绞痛)|(?:心梗|心肌梗[死塞])(?:又|突然)?(?:犯了|发作|复发|了)|"
@@ -175,14 +181,17 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("heart_attack", "arm_jaw_sweat_zh", (
         "(?:左(?:肩膀?|手臂|胳膊|臂)|下巴|下颌|牙)" + G4 + "(?:疼|痛|麻|酸)",
         "冷汗|大汗|虚汗|出汗|一身汗|满头汗")),
+    RedFlag("heart_attack", "discomfort_sweat_zh", (
+        "(?:心里|心头|心口|胸|心里头)" + G4 + "(?:堵|闷|难受|不舒服|慌|疼|痛)", "冷汗|大汗|虚汗|一身汗|满头汗|直冒汗")),
     RedFlag("heart_attack", "palpitations_sweat_zh", (
         "心慌|心悸|心跳(?:很快|特别快|得厉害|加速|乱)|心脏乱跳",
         "冷汗|大汗|虚汗|要晕|眼前发黑|晕倒")),
     RedFlag("heart_attack", "chest_pain_en", (
         r"\bchest\b" + E20 + r"\b(?:pain|pains|hurts?|hurting|ache|aching|pressure|tight|tightness|heavy|heaviness|"
         r"squeez\w*|crush\w*|discomfort|sore)\b|\b(?:pain|pains|pressure|tightness|ache|discomfort|heaviness|squeezing|"
-        r"crushing)\s+(?:in|on|across|around)\s+" + PERSON_EN + r"?\s*chest|\b(?:elephant|weight|brick)\b" + E15 + r"\bchest",),
-        unless=r"\bbreast|\bperiod\b|menstrua"),
+        r"crushing)\s+(?:in|on|across|around)\s+" + PERSON_EN + r"?\s*chest|\b(?:clutch\w*|holding|grabbing|grabbed)\s+"
+        r"(?:at\s+)?(?:his|her|my|their) chest|\b(?:elephant|weight|brick)\b" + E15 + r"\bchest",),
+        unless=r"\bbreast|\bperiod\b|menstrua|\bcough"),
     RedFlag("heart_attack", "radiating_en", (
         r"\b(?:pain|ache|numbness|tightness)\b" + E25 + r"\b(?:spread\w*|radiat\w*|going|moving|shoot\w*|travel\w*)"
         r"\s+(?:down|to|into|up)\s+" + PERSON_EN + r"?\s*(?:left\s+)?(?:arm|jaw|neck|back|shoulder)",)),
@@ -199,23 +208,27 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:口角|嘴角|嘴巴?|口眼)" + G2 + "(?:歪|斜|下垂|耷拉)|脸(?:突然|一下子)?(?:歪|斜)|面瘫|口角流涎|嘴角(?:漏水|流口水)|喝水(?:从嘴角)?漏|"
         "(?:半边|一侧|一边|左边|右边|左半边|右半边)(?:的)?(?:脸|面部?)" + G3 + "(?:麻|木|没知觉|动不了|歪|下垂|僵)",)),
     RedFlag("stroke", "limb_zh", (
-        "(?:一侧|半边|半身|一边|单侧|左边|右边|左侧|右侧|左半边|右半边|半个)(?:的)?(?:身子|身体|手脚|肢体|手|脚|腿|胳膊|手臂)?"
-        + G3 + "(?:无力|没劲|没力气?|麻|木|不听使唤|动不了|不能动|抬不起|使不上劲|不灵|没知觉|瘫)",)),
+        "(?:一侧|半边|半身|一边|单侧|左边|右边|左侧|右侧|左半边|右半边|半个)(?:的)?(?:身子|身体|手脚|肢体|手|脚|腿|胳膊|手臂|身)?"
+        + G3 + "(?:无力|没劲|没力气?|麻|木|不听使唤|动不了|不能动|抬不起|使不上劲|不灵|没知觉|瘫|郁不到|郁不了|动不到)",)),
     RedFlag("stroke", "sudden_limb_zh", (
         SUDDEN_ZH + G4 + "(?:手|脚|腿|胳膊|手臂|胳臂|身子|身体|半边|手脚)" + G4 +
         "(?:无力|没劲|没力气?|麻|软|不听使唤|动不了|不能动|抬不起|使不上劲|拿不住|瘫)|"
         "(?:拿不住|握不住|端不住)" + G2 + "(?:筷子|碗|杯子|勺)|(?:筷子|碗|杯子)(?:突然)?(?:掉了|掉地上|拿不住)",)),
     RedFlag("stroke", "speech_zh", (
         "(?:说话|讲话|口齿|吐字|舌头|言语)" + G3 + "(?:不清|含糊|含混|不利索|不利落|费劲|打结|大舌头|僵|发硬|不灵)|"
-        "说不出话|大舌头|答非所问|话都说不(?:出|清)|不会说话了",),
+        "说不出话|大舌头|答非所问|话都说不(?:出|清)|不会说话了|" + SUDDEN_ZH + G4 + "听不懂|舌头" + G3 +
+        "(?:捋不直|不听使唤|转不过来|打卷)|讲不(?:到|出|清)(?:嘢|话)|"
+        "听不懂(?:人|别人|我们|我|家人|大家)(?:说话|讲话|说的话|的话)",),
         unless="(?:嗓子|喉咙|咽|声音)" + G3 + "(?:哑|沙哑|疼|痛|发炎)|哑了|失声|^(?!.*突然).*(?:孩子|宝宝|小孩|儿童|娃|幼儿|[1-6一二两三四五六]岁)"),
+    RedFlag("stroke", "confusion_zh", (
+        SUDDEN_ZH + G4 + "(?:不认人|认不出人|认不得人|糊涂|说胡话|胡言乱语|神志不清|意识模糊|颠三倒四|答非所问|迷糊)",)),
     RedFlag("stroke", "vision_zh", (
         SUDDEN_ZH + G4 + "(?:看不见|看不清|看不到|失明|瞎了|重影|看东西(?:模糊|重影|成双|有两个)|视力(?:下降|模糊|丧失)|视线模糊)|"
         "一(?:只|侧|边)眼(?:睛)?" + G4 + "(?:看不见|看不清|看不到|失明|黑了|瞎)|半边(?:视野|看不见)|视野(?:缺|少)了一(?:块|半)",)),
     RedFlag("stroke", "vision_dark_zh", (SUDDEN_ZH + G4 + "眼前(?:一黑|发黑)",),
             unless="站起|蹲|起床|起身|坐起|低血糖|饿"),
     RedFlag("stroke", "balance_zh", (
-        SUDDEN_ZH + G4 + "(?:站不稳|站不住|走不稳|走路不稳|走不了路|不会走路|走路歪|往一边倒|天旋地转|摔倒|跌倒|倒地|瘫倒|瘫软)",),
+        SUDDEN_ZH + G4 + "(?:站不稳|站不住|走不稳|走路不稳|走不了路|不会走路|走路歪|往一边倒|天旋地转|摔倒|跌倒|倒地|瘫倒|瘫软|瘫在地|栽倒|一头栽|扑倒)",),
         unless="站起|蹲|起床|起身|坐起"),
     RedFlag("stroke", "event_zh", (
         DISEASE_EVENT_CUE_ZH + "(?:小中风|中风|脑梗[死塞]?|脑卒中|脑溢血|脑出血)|"
@@ -233,10 +246,11 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bslurr\w*|\b(?:garbled|jumbled|confused)\s+(?:speech|words)|"
         r"\b(?:can'?t|cannot|unable to|trouble|difficulty|struggling to|struggles to)\s+(?:speak|speaking|talk|talking|"
         r"get (?:the|his|her|my) words out|find (?:the|his|her|my) words)\b|"
-        r"\bspeech\b" + E10 + r"\b(?:slurred|strange|garbled|weird|funny|gone)|\btalking (?:funny|strange|gibberish|nonsense)",),
+        r"\bspeech\b" + E10 + r"\b(?:slurred|strange|garbled|weird|funny|gone)|\bwords\b" + E20 +
+        r"\b(?:jumbled|garbled|slurred|muddled|mixed up|all wrong|coming out wrong)|\btalking (?:funny|strange|gibberish|nonsense)",),
         unless=r"\b(?:lost (?:my|his|her) voice|laryngitis|hoarse)"),
     RedFlag("stroke", "vision_en", (
-        SUDDEN_EN + E20 + r"\b(?:vision|blind\w*|can'?t see|double vision|blurr\w*)|"
+        SUDDEN_EN + E20 + r"\b(?:vision|blind\w*|can'?t see|double vision|blurr\w*)|" + SUDDEN_EN + E10 + r"\bconfus\w*|"
         r"\blost (?:the )?(?:vision|sight) in one eye|\bcan'?t see (?:out of|with) (?:one|his|her|my|the) (?:left |right )?eye|"
         r"\bblind in one eye",)),
     RedFlag("stroke", "balance_en", (
@@ -252,24 +266,32 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("breathing", "breathless_zh", (
         "(?:喘不(?:上|过|动|来)|透不(?:过|上|到)|上不来|接不上)气|呼吸(?:困难|不(?:上来|过来|了)|急促|费力|很费劲|衰竭)|"
         "不能呼吸|没法呼吸|无法呼吸|憋得(?:喘|透|上不来|脸)|气(?:都)?喘不|喘得(?:厉害|说不出|不行|要命|躺不下)|"
-        "喘不过来|哮喘(?:发作|犯了|急性发作)",)),
+        "喘不过来|哮喘(?:发作|犯了|急性发作)",), unless="鼻子堵|鼻塞|鼻子不通"),
     RedFlag("breathing", "cyanosis_zh", ("(?:嘴唇|嘴|脸|脸色|指甲|手指)" + G2 + "(?:发)?(?:紫|青紫|乌青|发青|青了|发绀|黑紫|发乌)",)),
     RedFlag("breathing", "choking_zh", (
         "(?:噎住|噎着|哽住|卡住|卡在)" + G4 + "(?:喉咙|嗓子|气管|喘|说不出|脸|呼吸)|"
         "(?:喉咙|嗓子|气管)(?:里|眼)?" + G2 + "(?:卡|噎|堵)(?:住|了)?" + G4 + "(?:喘|说不出|呼吸|脸)|噎(?:住|着)了",),
-        not_before="(?:容易|经常|老是|总是|常常|有时|偶尔|爱)" + G3 + "$"),
+        not_before="(?:容易|经常|老是|总是|常常|有时|偶尔|爱)" + G3 + "$", unless="(?:现在|已经)(?:好了|没事)"),
+    RedFlag("breathing", "choked_struggling_zh", (
+        "(?:噎|呛|卡)(?:住|到|着)", "喘|憋|脸(?:色)?(?:发)?(?:红|紫|青)|说不出|咳不出|发紫|发青|翻白眼"),
+        unless="(?:现在|已经)(?:好了|没事)"),
     RedFlag("breathing", "breathless_en", (
         r"\b(?:can'?t|cannot|can not|unable to|struggling to|struggles to|hard to|difficult to|trouble|difficulty|problems?)\s+"
         r"(?:breath\w*\b|catch (?:my|his|her|their) breath|get (?:air|a breath|his breath|her breath|my breath))"
         r"(?!\s+(?:through|out of|with) " + PERSON_EN + r" nose)|"
-        r"\b(?:short(?:ness)? of breath|breathless\w*|gasping|not getting (?:enough )?air|struggling for (?:air|breath)|"
-        r"fighting for air)|\bwheez\w* (?:badly|heavily|a lot)|\basthma attack",)),
+        r"\b(?:gasping|not getting (?:enough )?air|struggling for (?:air|breath)|fighting for air)|"
+        r"\bwheez\w* (?:badly|heavily|a lot)|\basthma attack",)),
+    RedFlag("breathing", "short_of_breath_en", (r"\b(?:short(?:ness)? of breath|breathless\w*|out of breath)",),
+            unless=r"\b(?:climb\w*|stairs|walk\w*|exercis\w*|run\w*|jog\w*|hills?|workouts?|gym|fitness|effort|exertion|"
+                   r"easily)\b"),
     RedFlag("breathing", "cyanosis_en", (
-        r"\b(?:lips?|face|fingers?|fingertips|nails?|skin)\b" + E10 + r"\b(?:blue|bluish|purple|grey|gray)\b",)),
+        r"\b(?:lips?|face|fingers?|fingertips|nails?|skin)\b" + E10 + r"\b(?:blue|bluish|purple|grey|gray)\b|"
+        r"\b(?:turning|turned|gone|going|is)\s+(?:blue|purple)\b",)),
     RedFlag("breathing", "choking_en", (
         r"\bchok(?:ing|ed|es)\b(?!\s+hazard)|\b(?:something|food|it|a \w+)\s+(?:is\s+|got\s+)?stuck in " + PERSON_EN +
         r" (?:throat|windpipe|airway)",),
-        not_before=r"\b(?:easily|often|always|sometimes|prevent|avoid)\b" + E10 + "$"),
+        not_before=r"\b(?:easily|often|always|sometimes|prevent|avoid)\b" + E10 + "$",
+        unless=r"\b(?:fine|okay|ok|better|all right|alright) now\b|\bnow (?:fine|okay|ok|better)\b"),
 
     # ---- anaphylaxis ------------------------------------------------------------------
     RedFlag("anaphylaxis", "throat_tight_zh", (
@@ -289,7 +311,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
 
     # ---- heavy bleeding ---------------------------------------------------------------
     RedFlag("bleeding", "uncontrolled_zh", (
-        "(?:" + BLOOD_ZH + "|出血|流血)" + G4 + "(?:止不住|止不了|不止|停不下来|一直流|流个不停|哗哗|喷|涌)|止不住(?:的)?(?:血|流血|出血)|"
+        "(?:" + BLOOD_ZH + "|出血|流血)" + G10 + "(?:止不住|止不了|不止|停不下来)|"
+        "(?:" + BLOOD_ZH + "|出血|流血)" + G4 + "(?:一直流|流个不停|哗哗|喷|涌)|一直(?:在)?(?:流|出|冒)血|止不住(?:的)?(?:血|流血|出血)|"
         "大出血|大量出血|血流不止|血流如注|喷血|(?:伤口|口子)" + G6 + "(?:很深|好深|见骨|止不住|一直(?:流|出)血)|割到(?:动脉|血管)",)),
     RedFlag("bleeding", "a_lot_zh", ("(?:" + BLOOD_ZH + "|出血|流血)" + G2 + "(?:很多|好多|特别多|一大滩|一地)|(?:流|出)了?" + G2 +
                                      "(?:很多|好多|一大滩|一地|一大摊)(?:的)?血",),
@@ -309,22 +332,27 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:药|片|胶囊)|(?:药|片|胶囊)" + G4 + "(?:吃|吞|服)(?:了|下|掉)" + G2 + "(?:一|整|半|几|两|好几)(?:整)?(?:瓶|盒|板|把)|"
         "(?:吃|服|吞)(?:了|下|掉)" + G2 + "(?:\\d{2,}|十几|几十|二十|三十|四十|五十|一百|一大把|一把|一堆|过量|大量)(?:多)?(?:片|粒|颗)?|"
         "药(?:吃|服)(?:多|过量|重复|错|重)了|(?:吃|服)(?:多|错|重)了?药|吃药吃(?:多|错|重)了|(?:服|用)药过量|过量服(?:用|药)|"
-        "误服|误食|误吃|误喝|误饮|吃错了?药",)),
+        "误服|误食|误吃|误喝|误饮|吃错了?药|"
+        "把" + G8 + "(?:药|片|胶囊)" + G3 + "(?:都|全|全部)?(?:吃|吞|喝)(?:了|掉|下)",)),
     RedFlag("poisoning", "chemical_zh", (
-        "(?:喝|吃|服|吞|咽)(?:了|下|掉)?" + G4 + "(?:农药|敌敌畏|百草枯|除草剂|杀虫剂|老鼠药|鼠药|耗子药|毒鼠强|消毒液|84|漂白|"
-        "洁厕|洗洁精|洗衣液|洗衣凝珠|汽油|煤油|医用酒精|消毒酒精|工业酒精|防冻液|甲醇|假酒|干燥剂|电池|纽扣电池|水银|磁铁)|"
-        "(?:农药|敌敌畏|百草枯|老鼠药|鼠药)" + G4 + "(?:喝|吃|吞)了|咬破了?体温计|(?<![物会能])中毒(?![吗么嘛])|"
+        "(?:喝|吃|服|吞|咽)(?:了|下|掉)?" + G4 + CHEMICAL_ZH + "|" +
+        CHEMICAL_ZH + G4 + "(?:喝|吃|吞|咽)(?:了|下|掉)|咬破了?体温计|(?<![物会能])中毒(?![吗么嘛])|"
         "(?:被|让)?(?:毒)?蛇咬|蛇咬伤",)),
     RedFlag("poisoning", "gas_zh", (
         "(?:煤气|一氧化碳|燃气|天然气|炭火|烧炭|煤炉|炉子|炭盆)" + G10 +
         "(?:中毒|头晕|头疼|头痛|恶心|晕倒|叫不醒|昏|泄漏|泄露|漏气|味道?很大)",)),
     RedFlag("poisoning", "mushroom_zh", (
-        "(?:吃|误食)(?:了|完)?" + G6 + "(?:野蘑菇|野生菌|毒蘑菇|蘑菇|菌子|见手青)" + G10 +
-        "(?:吐|晕|拉|泻|幻觉|小人|不舒服|恶心|肚子疼|腹痛)",)),
+        "(?:吃|误食)(?:了|完|过)?" + G8 + "(?:(?:野|毒|山上|采的|路边|捡的)" + G4 + "蘑菇|野生菌|菌子|见手青)",
+        "吐|晕|拉肚子|又拉|腹泻|幻觉|小人|不舒服|恶心|肚子疼|腹痛")),
     RedFlag("poisoning", "overdose_en", (
         r"\boverdos\w*|\b(?:took|swallowed|ate|taken|has taken|downed)\b" + E20 +
         r"\b(?:whole|entire|full|all (?:of )?(?:the|my|his|her))\b" + E10 + r"\b(?:bottle|pack\w*|box|strip|blister|pills|"
-        r"tablets|meds|medication)|\btoo many\b" + E10 + r"\b(?:pills|tablets|capsules|meds|sleeping)",)),
+        r"tablets|meds|medication)|\btoo many\b" + E10 + r"\b(?:pills|tablets|capsules|meds|sleeping)|"
+        r"\b(?:ate|eaten|got into|swallowed)\s+(?:some|a few|several|a handful|a bunch|all|lots)\s+(?:of\s+)?"
+        r"(?:my|his|her|the|our|their|\w+'s)\s+(?:\w+\s+)?(?:pills|tablets|medicine|medication|meds|capsules)|"
+        r"\b(?:took|taken|swallowed|ate|downed)\s+(?:\d{2,}|a handful of|handfuls of|twenty|thirty|forty|fifty)\s+"
+        r"(?:\w+\s+)?(?:pills|tablets|capsules|paracetamol|acetaminophen|tylenol|ibuprofen|aspirin|painkillers|"
+        r"sleeping pills)",)),
     RedFlag("poisoning", "chemical_en", (
         r"\b(?:swallowed|drank|ate|drinking|ingested|has eaten|has drunk)\b" + E15 +
         r"\b(?:bleach|poison\w*|pesticide|weed ?killer|antifreeze|detergent|laundry pod|dishwasher (?:tablet|pod)|"
@@ -337,16 +365,16 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "抽搐|抽风|痉挛发作|癫痫(?:发作|犯了|又犯)|羊(?:癫|角)疯|口吐白沫|翻白眼|惊厥|抽了过去",),
         not_before="(?:眼皮|眼睑|眼角|嘴角|面肌|脸部?|面部|肌肉|小腿|腿肚子|腿|脚|脚趾|手指|胃|肚子|眼睛)" + G3 + "$"),
     RedFlag("unconscious", "unresponsive_zh", (
-        "昏迷|不省人事|人事不省|叫不醒|喊不醒|叫不应|喊不应|拍不醒|摇不醒|叫(?:他|她|人)?(?:都)?没(?:有)?反应|"
+        "昏迷|不省人事|人事不省|叫不醒|喊不醒|叫不应|喊不应|拍不醒|摇不醒|(?:叫|喊|拍|摇)" + G4 + "(?:不醒|不应|没有?反应)|叫(?:他|她|人)?(?:都)?没(?:有)?反应|"
         "没(?:有)?(?:了)?(?:意识|心跳|脉搏)|失去(?:意识|知觉)|意识(?:不清|模糊|丧失)|神志不清|"
         "昏倒|晕倒|晕过去|昏过去|倒地不起|倒在地上|休克(?![吗么])|心跳骤停|心脏骤停|心跳停了",)),
     RedFlag("unconscious", "not_breathing_zh", ("没(?:有)?(?:了)?呼吸(?!暂停|困难|急促|不畅|问题|道)|呼吸(?:停了|停止了)",),
             unless="打鼾|打呼|呼噜|鼾|睡眠呼吸暂停"),
     RedFlag("seizure", "seizure_en", (
-        r"\bseiz(?:ure|ures|ing|ed)\b|\bconvuls\w*|\bfitting\b|\bhaving (?:a|another) fit\b|\bepileptic (?:fit|attack)|"
+        r"\bseiz(?:ure|ures|ing|ed)\b|\bconvuls\w*|\bfitting\b|\b(?:having|had) (?:a|another) fit\b|\bepileptic (?:fit|attack)|"
         r"\bfoaming at the mouth|\beyes rolled? back",)),
     RedFlag("unconscious", "unresponsive_en", (
-        r"\bunconscious|\bunresponsive|\bnot responding\b|"
+        r"\bunconscious|\bunresponsive|\bnot responding\b|\bstill (?:not|isn'?t) (?:awake|conscious|responding)|"
         r"\b(?:he|she|they|baby|dad|mum|mom|grandma|grandpa|granny|father|mother|husband|wife|son|daughter)\b" + E15 +
         r"\b(?:won'?t|will not|isn'?t|is not|doesn'?t|can'?t) (?:wake|waking)|\b(?:won'?t|can'?t|cannot|couldn'?t) wake "
         r"(?:him|her|them|my \w+|the baby)\b|\bpassed out|\bblack(?:ed)? out\b(?!\s*curtain)|\bfaint(?:ed|ing)\b|\bcollaps(?:ed|ing)\b|\bno (?:pulse|heartbeat)\b|"
@@ -379,9 +407,10 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     # ---- vomiting blood, black tarry stools ------------------------------------------
     RedFlag("gi_bleed", "vomit_blood_zh", (
         "(?:吐|呕)(?:了|出)?" + G4 + BLOOD_ZH + "|呕血|咯血|咳(?:了|出)?" + G3 + BLOOD_ZH + "|咖啡(?:渣|色)样?" + G4 + "(?:呕吐|吐|东西)|"
-        "(?:呕吐物|吐的东西)" + G4 + "(?:血|咖啡|黑)|(?:大便|便)" + G4 + "(?:很多|大量|全是|都是|一大滩|一马桶)" + G2 + "血|"
+        "(?:呕吐物|吐的东西)" + G4 + "(?:血|咖啡|黑)|(?:吐|呕)" + G8 + "咖啡(?:渣|色)|(?:大便|便)" + G4 + "(?:很多|大量|全是|都是|一大滩|一马桶)" + G2 + "血|"
         "拉(?:了)?" + G3 + "(?:很多|好多|大量|一马桶|全是)(?:的)?血|便血" + G4 + "(?:很多|不止|止不住|大量)|柏油(?:样|色|便)",),
         not_before="(?:气|急|累|笑|贵|坑|亏)(?:得|到|的)" + G2 + "$"),
+    RedFlag("gi_bleed", "bleed_event_zh", ("(?:胃|消化道|肠道?)(?:大)?出血",)),
     RedFlag("gi_bleed", "black_stool_zh", (
         "黑便|(?:大便|便便|屎|拉的|粪便)" + G4 + "(?:黑|发黑|是黑)|拉" + G3 + "黑(?:色)?(?:的)?(?:大便|便|屎)",),
         unless="补铁|铁剂|硫酸亚铁|琥珀酸亚铁|铁片|猪血|鸭血|血豆腐|动物血|铋|黑芝麻|桑葚|蓝莓|墨鱼"),
@@ -438,8 +467,22 @@ _PAST_AFTER_EN = re.compile(r"^\W*(?:\w+\s+){0,3}?(?:(?:\d+|a|one|two|three|four
                             r"several|many)\s+years?\s+ago|last year|in (?:19|20)\d\d)\b")
 _CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|right now|suddenly|currently|yesterday)\b")
 
-_PREVENT_ZH = re.compile("(?:预防|防止|避免|防范|怎么防|如何防|怎样防|远离|降低)" + _g(6) + "$")
-_PREVENT_EN = re.compile(r"\b(?:prevent|preventing|prevention of|avoid|avoiding|risk of|reduce the risk of)\b(?:\s+[\w'-]+){0,3}\s*$")
+_PREVENT_ZH = re.compile("(?:预防|防止|避免|防范|怎么防|如何防|怎样防|远离|降低|(?:怎么|怎样|如何)(?:判断|识别|区分|分辨|知道|看出))"
+                         + _g(6) + "$")
+_PREVENT_EN = re.compile(r"\b(?:prevent|preventing|prevention of|avoid|avoiding|risk of|reduce the risk of|"
+                         r"worried about|afraid of|scared of|fear of|chance of|how (?:do|can|would) (?:i|you|we) (?:tell|know|recogni[sz]e|spot))\b(?:\s+[\w'-]+){0,3}\s*$")
+# "心梗发作前有啥信号", "中风的前兆": asking about a condition, not describing one.
+_ABOUT_AFTER = re.compile("^(?:前|之前|以前)?(?:会)?(?:有|会有)?(?:什么|啥|哪些)?(?:的)?(?:前兆|信号|征兆|先兆|症状|表现|早期)|"
+                          r"^\s*(?:signs|symptoms|warning signs)\b")
+# "空调对着头吹会面瘫吗": asking whether something causes it.
+_RISK_BEFORE = re.compile("(?:会|容易|能|可能会|导致|引起|造成|引发)$")
+_QUESTION_AFTER = re.compile("^(?:了)?(?:吗|么|嘛|呢)")
+# A symptom that has lasted months or years is not an emergency (it still needs a
+# doctor), unless something new or sudden is said about it.
+_CHRONIC_ZH = re.compile("(?:好多|很多|好几|几|多|\\d+|[一二两三四五六七八九十]+)(?:年|个多月|个月)了|多年了|很多年")
+_CHRONIC_EN = re.compile(r"\bfor (?:years|months|(?:\d+|two|three|four|five|six|several|many) (?:years|months))\b")
+_NEW_OR_SUDDEN = re.compile("又|突然|忽然|突发|今天|刚才|刚刚|加重|越来越|现在|最近|这两天|昨天|"
+                            r"\b(?:again|suddenly|today|now|worse|this morning|just now)\b")
 
 _CLAUSE_SPLIT = re.compile(r"[,.;!?，。；！？\n]+|但是|可是|但|然而|\b(?:but|however|although|though|except)\b")
 
@@ -451,14 +494,17 @@ def _clauses(text: str) -> list[str]:
     return [c for c in _CLAUSE_SPLIT.split(text) if c and c.strip()]
 
 
-def _cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | None) -> bool:
-    """True when the context around ``clause[start:end]`` cancels the match."""
+def _cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | None, rest: str) -> bool:
+    """True when the context around ``clause[start:end]`` cancels the match; ``rest``
+    is the message from this clause on (where "现在好了" may come later)."""
     before, after = clause[:start], clause[end:]
     if not_before is not None and not_before.search(before):
         return True
     if _NEG_BEFORE_ZH.search(before) or _NEG_BEFORE_EN.search(before) or _NEG_AFTER_ZH.match(after):
         return True
-    if _PREVENT_ZH.search(before) or _PREVENT_EN.search(before):
+    if _PREVENT_ZH.search(before) or _PREVENT_EN.search(before) or _ABOUT_AFTER.match(after):
+        return True
+    if _RISK_BEFORE.search(before) and _QUESTION_AFTER.match(after):
         return True
     for past, current in ((_PAST_BEFORE_ZH, _CURRENT_ZH), (_PAST_BEFORE_EN, _CURRENT_EN)):
         m = past.search(before)
@@ -467,15 +513,15 @@ def _cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | 
     for past, current, resolved in ((_PAST_MONTHS_ZH, _CURRENT_ZH, _RESOLVED_ZH),
                                     (_PAST_MONTHS_EN, _CURRENT_EN, _RESOLVED_EN)):
         m = past.search(before)
-        if m and not current.search(m.group("between")) and resolved.search(after):
+        if m and not current.search(m.group("between")) and resolved.search(rest):
             return True
     return bool(_PAST_AFTER_ZH.match(after) or _PAST_AFTER_EN.match(after))
 
 
 def _find(pattern: re.Pattern[str], clauses: list[str], not_before: re.Pattern[str] | None) -> bool:
-    for clause in clauses:
+    for i, clause in enumerate(clauses):
         for m in pattern.finditer(clause):
-            if not _cancelled(clause, m.start(), m.end(), not_before):
+            if not _cancelled(clause, m.start(), m.end(), not_before, " ".join(clauses[i:])):
                 return True
     return False
 
@@ -488,9 +534,12 @@ def match_red_flags(text: str) -> list[str]:
     """
     view = normalize(text).text.translate(_CANTONESE)
     clauses = _clauses(view)
+    chronic = bool(_CHRONIC_ZH.search(view) or _CHRONIC_EN.search(view)) and not _NEW_OR_SUDDEN.search(view)
     hits = []
     for flag, patterns, not_before, unless in _COMPILED:
         if unless is not None and unless.search(view):
+            continue
+        if chronic and flag.category not in ("crisis", "infant_fever"):
             continue
         if all(_find(p, clauses, not_before if i == 0 else None) for i, p in enumerate(patterns)):
             hits.append(f"{flag.category}.{flag.name}")

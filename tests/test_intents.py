@@ -1,0 +1,84 @@
+"""Rule intents (greeting, handoff, out of scope) on evals/safety.jsonl and canned replies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bot.intents import intent_reply, rule_intent, unsupported_reply
+from bot.types import Intent
+from safety.normalize import normalize
+
+EVALS = Path(__file__).resolve().parent.parent / "evals" / "safety.jsonl"
+ROWS = [json.loads(line) for line in EVALS.read_text(encoding="utf-8").splitlines() if line.strip()]
+RULE_ROWS = [r for r in ROWS if r["intent"] in ("greeting", "handoff", "out_of_scope")]
+HEALTH_ROWS = [r for r in ROWS if r["intent"] in ("answer", "refer_doctor", "emergency")]
+
+
+def _ids(rows):
+    return [r["q"][:40] for r in rows]
+
+
+def test_rule_intent_accuracy_on_eval_file():
+    right = [r for r in RULE_ROWS if (rule_intent(normalize(r["q"])) or Intent.ANSWER).value == r["intent"]]
+    wrongly_claimed = [r["q"] for r in HEALTH_ROWS if rule_intent(normalize(r["q"])) is not None]
+    print(f"\n[intent eval] greeting/handoff/out_of_scope right {len(right)}/{len(RULE_ROWS)}; "
+          f"health lines taken by a rule {len(wrongly_claimed)}/{len(HEALTH_ROWS)}")
+    assert len(right) == len(RULE_ROWS)
+    assert not wrongly_claimed
+
+
+@pytest.mark.parametrize("row", RULE_ROWS, ids=_ids(RULE_ROWS))
+def test_rule_line_is_classified(row):
+    assert rule_intent(normalize(row["q"])) == Intent(row["intent"])
+
+
+@pytest.mark.parametrize("row", HEALTH_ROWS, ids=_ids(HEALTH_ROWS))
+def test_health_line_is_left_to_safety_and_retrieval(row):
+    assert rule_intent(normalize(row["q"])) is None
+
+
+@pytest.mark.parametrize("text", ["你好，我失眠怎么办", "hi, how can I sleep better", "谢谢，那高血压能喝茶吗"])
+def test_greeting_with_a_question_is_not_a_greeting(text):
+    assert rule_intent(normalize(text)) is None
+
+
+def test_greeting_and_handoff_in_one_message_is_a_handoff():
+    assert rule_intent(normalize("你好，转人工")) == Intent.HANDOFF
+
+
+@pytest.mark.parametrize("text", ["人工关节能用多少年", "需要人工关节置换吗"])
+def test_artificial_joint_is_not_a_handoff(text):
+    assert rule_intent(normalize(text)) != Intent.HANDOFF
+
+
+@pytest.mark.parametrize("text", ["天气热怎么防中暑", "糖尿病人红烧肉能吃吗", "旅游时晕车怎么办",
+                                  "low salt recipe for high blood pressure"])
+def test_health_word_keeps_message_in_scope(text):
+    assert rule_intent(normalize(text)) is None
+
+
+def test_canned_replies():
+    greet = intent_reply(Intent.GREETING, "zh")
+    assert "不是医生" in greet and "失眠" in greet
+    assert "not a doctor" in intent_reply(Intent.GREETING, "en")
+    assert "人工" in intent_reply(Intent.HANDOFF, "zh")
+    assert "health" in intent_reply(Intent.OUT_OF_SCOPE, "en")
+    no_answer = intent_reply(Intent.NO_ANSWER, "zh")
+    assert "医生" in no_answer and "人工" in no_answer
+    assert "reliably" in intent_reply(Intent.NO_ANSWER, "en")
+    for intent in (Intent.GREETING, Intent.HANDOFF, Intent.OUT_OF_SCOPE, Intent.NO_ANSWER):
+        for lang in ("zh", "en"):
+            assert len(intent_reply(intent, lang).encode("utf-8")) < 2048  # WeChat passive reply limit
+
+
+def test_answer_has_no_canned_reply():
+    with pytest.raises(ValueError):
+        intent_reply(Intent.ANSWER, "zh")
+
+
+def test_unsupported_reply_asks_for_text():
+    assert "文字" in unsupported_reply("zh")
+    assert "text" in unsupported_reply("en")
