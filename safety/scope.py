@@ -67,16 +67,16 @@ DRUG_EN = (r"(?:medicine|medication|meds|drugs?|pills?|tablets?|capsules?|dose|d
            r"levothyroxine|thyroxine)")
 # Things a person measures at home, which the knowledge base explains (check.* topics):
 # not report readings.
-_LAB_ZH = ("(?:白细胞|红细胞|(?<!糖化)血红蛋白|血小板|中性粒|淋巴细胞|转氨酶|谷丙|谷草|肌酐|尿素氮|尿酸|胆固醇|甘油三酯|"
+_LAB_ZH = ("(?:白细胞|白血球|红血球|红细胞|(?<!糖化)血红蛋白|血小板|中性粒|淋巴细胞|转氨酶|谷丙|谷草|肌酐|尿素氮|尿酸|胆固醇|甘油三酯|"
            "低密度|高密度|甲状腺|肿瘤标志物|癌胚抗原|甲胎蛋白|尿蛋白|潜血|隐血|c反应蛋白|血沉|d-二聚体|铁蛋白|胆红素|"
            "碱性磷酸酶|谷氨酰|(?<![a-z])(?:alt|ast|ldl|hdl|tsh|t3|t4|cea|afp|psa|ca125|ca199|crp|wbc)(?![a-z]))")
 _LAB_EN = (r"(?:alt|ast|wbc|white (?:blood )?cells?(?: count)?|rbc|ha?emoglobin|platelets?|creatinine|egfr|tsh|t4|"
            r"ldl|hdl|triglycerides?|cholesterol|psa|crp|esr|ferritin|bilirubin|uric acid|urea|"
            r"neutrophils?|lymphocytes?|liver enzymes?|cea|ca-?125)")
-_REPORT_DOC_ZH = ("(?:化验单|化验结果|化验报告|检验报告|检验结果|检查报告|检查结果|体检报告|体检结果|报告单|血常规|尿常规|便常规|"
+_REPORT_DOC_ZH = ("(?:验血|化验|(?<!做)体检报告|化验单|化验结果|化验报告|检验报告|检验结果|检查报告|检查结果|体检报告|体检结果|报告单|血常规|尿常规|便常规|"
                   "肝功|肾功|甲功|血脂四项|生化(?!危机)|(?<![a-z])ct(?![a-z])|核磁|磁共振|mri|b超|彩超|心电图|胃镜|肠镜|病理|片子)")
 _REPORT_CUE_ZH = ("(?:什么意思|啥意思|正常吗|正不正常|严重吗|严不严重|要紧吗|有问题吗|说明什么|代表什么|怎么看|看不懂|帮我看|"
-                  "帮忙看|解读|偏高|偏低|升高|降低|高了|低了|异常|箭头|阳性|阴性|↑|↓|\\d|我的|写着|显示|提示|结果)")
+                  "帮忙看|解读|偏高|偏低|升高|降低|高了|低了|异常|箭头|阳性|阴性|↑|↓|\\d|我的|写着|显示|提示|结果|报告|说)")
 _NUM = r"\d+(?:\.\d+)?"
 _NUM_ZH = "(?:\\d+(?:\\.\\d+)?|[一二两三四五六七八九十半]+)"
 # Foods counted in 片/粒 ("生姜每天吃几片", "每天吃几粒坚果"): not medicine doses.
@@ -102,8 +102,12 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "(?:能不能|可不可以|可以|能|是不是可以|要不要)(?:自己|自行|直接|慢慢|先)?(?:停|停掉|停了|不吃了|减量|减少|减半|换成|"
               "换别的|换一种|换个)|(?:不想|不愿意|不打算)(?:再)?(?:吃|用|打)[^,.;!?，。；！？]{0,2}" + DRUG_ZH +
               "(?![^,.;!?，。；！？]{0,4}(?:能靠|靠|怎么|调理|饮食|食疗|办法|方法|运动))|"
-              "(?:能|可以)停(?:了)?吗|不吃(?:了)?(?:行不行|可以吗|行吗)",
+              "(?:能|可以)停(?:了)?吗|不(?:想)?吃(?:了)?(?:行不行|可以吗|行吗|可不可以)",
               also=DRUG_ZH),
+    ScopeRule("stop_medicine", "stop_want_en",
+              r"\b(?:want|wanna|thinking|planning|going|like|trying) to (?:stop|quit|come off|get off|cut down|reduce)\b|"
+              r"\bcan i (?:stop|quit)\b", also=r"\b(?:statins?|insulin|pills|tablets|medication|meds|medicine|antidepressants?|"
+              r"metformin|warfarin|steroids?|blood pressure (?:pills|tablets|meds|medication))\b"),
     ScopeRule("stop_medicine", "stop_noun_zh", "停药|减药|换药|断药|停掉(?:药|胰岛素)|自己调(?:整)?(?:药|剂量)",
               unless="换药(?:室|处)|伤口换药"),
     ScopeRule("stop_medicine", "no_more_medicine_zh",
@@ -127,28 +131,36 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "(?:片|粒|丸|胶囊|毫克|mg|微克|毫升|ml|单位|袋|支)", unless=_FOOD_PIECES_ZH),
     ScopeRule("dose", "drug_how_much_zh",
               DRUG_ZH + "[^,.;!?，。；！？]{0,10}(?:吃多少|吃几|用多少|用量|服多少|打多少|一次多少|一天多少|多大量|多少量|怎么吃|"
-              "怎么服用|怎么用|吃几次|一天几次|饭前|饭后|空腹吃|睡前吃|吃多久|什么时候吃|几点吃|早上吃|晚上吃)|(?:吃|服|用|打)(?:多少|几)(?:片|粒|颗|袋|支|毫升|ml)?"
+              "怎么服用|怎么用|吃几次|一天几次|饭前|饭后|空腹吃|睡前吃|吃多久|什么时候吃|几点吃|早上吃|晚上吃)|(?:吃|服|用|打|喂)(?:多少|几)(?:片|粒|颗|袋|支|毫升|ml)?"
+              "[^,.;!?，。；！？]{0,4}"
               + DRUG_ZH, unless=_FOOD_PIECES_ZH),
     ScopeRule("dose", "dose_en",
               r"\bhow (?:many|much)\s+(?:mg|milligrams?|mcg|micrograms?|pills?|tablets?|capsules?|tabs|drops|units|ml)\b|"
+              r"\bhow (?:many|much)\b(?:\s+[\w']+){0,3}\s+(?:can|should|could|do|may)\s+(?:i|he|she|we|you|they)\s+"
+              r"(?:take|give|use)\b(?!\s+(?:a|per)\s+(?:day|week)\s+(?:off|walking))|"
               r"\bhow much\b(?:\s+\w+){0,4}\s+(?:should|can|do|could|must)\s+(?:i|he|she|we|you|they)\s+(?:take|give|use|inject)\b|"
               r"\bhow (?:often|many times)\b[^.?!]{0,30}\b(?:take|give)\b[^.?!]{0,20}" + DRUG_EN + r"|"
               r"\b(?:the|a|my|right|correct|safe|max|maximum|exact|usual|normal|daily|recommended)\s+(?:dose|dosage)\b|"
               r"\bdosage\b|\bdosing\b|(?<![a-z])mg of\b|\bwhat dose\b|\b" + _NUM + r"\s*(?:mg|milligrams?|mcg|tablets?|"
               r"pills?|capsules?|ml)\b[^.?!]{0,20}" + DRUG_EN + r"|" + DRUG_EN + r"[^.?!]{0,20}\b" + _NUM + r"\s*(?:mg|milligrams?|"
               r"mcg|tablets?|pills?|capsules?|ml)\b",
-              unless=r"\b(?:caffeine|sodium|salt|sugar|protein|fib(?:er|re)|water|calories|carbs|exercise)\b"),
+              unless=r"\b(?:caffeine|sodium|salt|sugar|protein|fib(?:er|re)|water|calories|carbs|exercise|steps|breaks?)\b"),
 
     # ---- prescription: which medicine to take --------------------------------------------
     ScopeRule("prescription", "prescribe_zh",
               "开(?:点|些|个|一点|一些)?(?:" + YAO + "|方子|处方|中药|西药)|给我开|帮我开|开个方|药方|(?<!非)处方(?!药和)|"
-              "(?:吃|用|喝|打|上|买|抹|擦)(?:点)?(?:什么|啥|哪种|哪个|哪些|那种)(?:" + YAO + "|中药|西药|中成药|抗生素|消炎药|针|药膏)|"
+              "(?:吃|用|喝|打|上|买|抹|擦)(?:点)?(?:什么|啥|哪种|哪个|哪些|那种|哪一种)[^,.;!?，。；！？]{0,4}(?:" + YAO +
+              "|中药|西药|中成药|抗生素|消炎药|针|药膏)|"
               "(?:什么|啥|哪种|哪个|哪些)(?:" + YAO + "|中成药|抗生素|消炎药)(?:好|管用|有效|最好|能治|可以治|比较好|效果好)|"
-              "推荐(?:点|个|一种|一下|几种)?" + "[^,.;!?，。；！？]{0,4}" + YAO + "|有(?:什么|没有|啥)(?:特效)?" + YAO + "|"
+              "推荐(?:点|个|一种|一下|几种|一款)?" + "[^,.;!?，。；！？]{0,6}" + YAO + "|有(?:什么|没有|啥)(?:特效)?" + YAO + "|"
               "(?:" + YAO + "|中药|中成药|西药)[^,.;!?，。；！？]{0,6}(?:推荐|介绍)|(?<![防])治[^,.;!?，。；！？]{0,6}(?:" + YAO + "|中药|中成药)|"
               "有没有(?![^,.;!?，。；！？]{0,4}(?:不吃|不用|不靠|除了))[^,.;!?，。；！？]{0,8}" + YAO),
+    ScopeRule("prescription", "combine_medicines_zh",
+              DRUG_ZH + "[^,.;!?，。；！？]{0,8}(?:和|跟|与|加|同)[^,.;!?，。；！？]{0,4}" + DRUG_ZH +
+              "[^,.;!?，。；！？]{0,8}(?:一起|同时|一块)?(?:吃|用|服)", unless="保健品"),
     ScopeRule("prescription", "prescribe_en",
-              r"\bprescri\w*|\b(?:which|what) (?:medicine|medication|meds|drug|pills?|tablets?|antibiotics?|cream|ointment)\b|"
+              r"\bprescri\w*|\b(?:which|what) (?:\w+ )?(?:medicine|medication|meds|drug|pills?|tablets?|antibiotics?|cream|"
+              r"ointment|painkillers?|cough syrup|antihistamines?|inhaler)\b|"
               r"\bwhat (?:can|should) (?:i|he|she|we) (?:take|give (?:him|her|them))\b|\brecommend (?:a|some|any)?\s*"
               r"(?:medicine|medication|drug|pills?|antibiotic)|\bbest (?:medicine|medication|drug|pill)s? for\b|"
               r"\bwhich (?:medicine|medication|drug|pill)s? (?:is|are) (?:best|better|good)\b"),
@@ -173,6 +185,8 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "(?:得了|患了|有了?|是|长了)|会不会是|难道是)[^,.;!?，。；！？]{0,6}" + _DISEASE_ZH +
               "|是不是(?:得了|有|长了)?" + _NAMED_DISEASE_ZH + "|是不是(?:得了|有|长了)?[^,.;!?，。；！？]{0,3}(?<![致防抗])癌"
               "|(?:像不像|是不是像|算不算|属不属于)[^,.;!?，。；！？]{0,4}" + _DISEASE_ZH +
+              "|是不是[^,.;!?，。；！？]{0,6}(?:甲状腺|心脏|肝|肾|胃|肺|脑|血管|前列腺|子宫|卵巢|乳腺|颈椎|腰椎)[^,.;!?，。；！？]{0,2}"
+              "(?:的问题|出了?问题|有问题|有毛病|出毛病)"
               "|这是什么病|是什么病|得了什么病|得的什么病|什么毛病|啥病|帮我(?:诊断|看看是不是|判断一下|判断是不是)|给我诊断|"
               "诊断一下|帮我确诊|能确诊吗",
               unless="怎么预防|如何预防|预防[^,.;!?，。；！？]{0,6}(?:吗|呢)?$"),
@@ -180,7 +194,8 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               r"(?<!why )\bdo (?:i|you think i) have (?!to\b|time\b|enough\b|a question)|\bdoes (?:he|she|my \w+) have (?!to\b)|"
               r"\bhave i got\b|\bam i (?:diabetic|anaemic|anemic|depressed|sick with|pregnant|dying)\b|"
               r"\b(?:is|could) (?:it|this|that)(?: \w+)? (?:be )?(?:cancer|a tumou?r|diabetes|malignant|benign|a sign of \w+)|"
-              r"\bwhat(?:'s| is) wrong with (?:me|him|her|my \w+)|\bwhat (?:disease|illness|condition) (?:do|does|is|have)|"
+              r"\bwhat(?:'s| is) wrong with (?:me|him|her|my \w+)|\bwhat (?:disease|illness|condition|sickness)\b[^.?!]{0,12}"
+              r"\b(?:do|does|is|have|has)\b|"
               r"\bdiagnos\w*|\b(?:mean|means|sign|signs) (?:that )?(?:i|he|she|my \w+) (?:have|has|might have|could have) "
               r"(?:a |an )?(?:cancer|tumou?r|something serious|leuka?emia|heart disease|dementia|parkinson'?s|ms)\b|"
               r"\bcould (?:it|this|these|that)(?: \w+){0,2} (?:be|mean) (?:cancer|a tumou?r|serious|something serious)|"

@@ -151,17 +151,17 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("crisis", "suicidal_zh", (
         "想死(?![你他她它人])|不想活|活着(?:真)?没(?:意思|意义|劲|盼头)|活不下去|不如死(?:了|掉)|"
         "死了(?:算了|好了|就好了|一了百了)|一死了之|一了百了|自杀|轻生|寻死|想不开|生无可恋|活腻了|"
-        "(?:想|准备|打算)(?:去)?(?:跳楼|跳河|跳江|上吊|喝农药|卧轨|死(?![你他她它人]))|(?:想|要|准备|打算)" + G6 + "跳下去|"
+        "(?:想|准备|打算)(?:去)?(?:跳楼|跳河|跳江|上吊|喝农药|卧轨|死(?![你他她它人]))|要(?:去)?(?:跳楼|跳河|跳江|上吊|卧轨)|(?:想|要|准备|打算)" + G6 + "跳下去|"
         "活够了|(?:想|要)?(?:结束|了结)(?:这一切|一切)|结束(?:自己的?)?生命|了结(?:自己|生命|此生)|"
         "不想(?:再)?醒(?:来|过来)|没有活下去|撑不下去了|想(?:要)?解脱|遗书|遗言",)),
     RedFlag("crisis", "plan_zh", (
         "(?:准备|攒|存|买)(?:好|了)?" + G4 + "(?:药|安眠药|绳子|木炭|炭|刀片)", "结束|了结|死|不想活|离开这个世界")),
     RedFlag("crisis", "self_harm_zh", ("割腕|自残|自伤|伤害自己(?!的?(?:身体|健康|胃|肝))",)),
-    RedFlag("crisis", "cut_self_zh", ("(?:割|划|烫)(?:伤|破)?(?:自己|手腕)(?!的?(?:身体|健康))",),
+    RedFlag("crisis", "cut_self_zh", ("(?:割|划|烫)(?:伤|破)?(?:了)?(?:自己|手腕)(?!的?(?:身体|健康))",),
             not_before="(?:小心|切菜|做饭|削|刮)" + G3 + "$"),
     RedFlag("crisis", "suicidal_en", (
         r"\bkill(?:ing)? (?:my|him|her|them)sel(?:f|ves)|\bend(?:ing)? (?:my|his|her) (?:own )?life|\bend(?:ing)? it all\b|"
-        r"\bsuicid\w*|\b(?:want|wanna|wanted|ready) (?:to )?die\b|\bdon'?t want to (?:live|be alive|be here|wake up|exist)|"
+        r"\bsuicid\w*|\b(?:wants?|wanna|wanted|ready) (?:to )?die\b|\bdon'?t want to (?:live|be alive|be here|wake up|exist)|"
         r"\bno (?:reason|point) (?:to|in) (?:live|living|go on|going on)|\bbetter off dead|\btake my (?:own )?life|"
         r"\bnot worth living|\bcan'?t go on\b|\bwish i (?:was|were) dead|\bwish i (?:wasn'?t|weren'?t) (?:alive|here|born)|"
         r"\bjump off (?:a|the) (?:bridge|building|roof)|\bend(?:ing)? it (?:all|tonight|today|now|soon)\b|"
@@ -172,7 +172,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     # ---- heart attack -----------------------------------------------------------------
     RedFlag("heart_attack", "chest_pain_zh", (
         "(?:胸(?!肌|罩|围|怀|襟|有成竹|针)|心口|心窝|心前区|前胸)(?:口|部|前|膛|腔|里|这)?" + G4 +
-        "(?:痛|疼|闷|压(?!力)|紧|憋|堵|绞|难受|不舒服|石头|大石|重物|透不过|喘不)",),
+        "(?:痛|疼|闷|压(?!力)|紧|憋|堵|绞|攥|揪|勒|难受|不舒服|石头|大石|重物|透不过|喘不)",),
         unless="经期|月经|例假|生理期|大姨妈|乳房|乳腺|哺乳|喂奶|涨奶|胀奶|咳(?:嗽|得|的时候|时)"),
     RedFlag("heart_attack", "heart_pain_zh", ("心脏" + G3 + "(?:疼|痛|难受|不舒服|揪|绞|压(?!力))|心绞痛",)),
     RedFlag("heart_attack", "event_zh", (
@@ -213,7 +213,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("stroke", "sudden_limb_zh", (
         SUDDEN_ZH + G4 + "(?:手|脚|腿|胳膊|手臂|胳臂|身子|身体|半边|手脚)" + G4 +
         "(?:无力|没劲|没力气?|麻|软|不听使唤|动不了|不能动|抬不起|使不上劲|拿不住|瘫)|"
-        "(?:拿不住|握不住|端不住)" + G2 + "(?:筷子|碗|杯子|勺)|(?:筷子|碗|杯子)(?:突然)?(?:掉了|掉地上|拿不住)",)),
+        "(?:手|脚|腿|胳膊|手臂|胳臂|半边|手脚)" + G4 + SUDDEN_ZH + G2 + "(?:无力|没劲|没力气?|麻|软|不听使唤|动不了|不能动|"
+        "抬不起|使不上劲|拿不住|瘫)|(?:拿不住|握不住|端不住)" + G2 + "(?:筷子|碗|杯子|勺)|(?:筷子|碗|杯子)(?:突然)?(?:掉了|掉地上|拿不住)",)),
     RedFlag("stroke", "speech_zh", (
         "(?:说话|讲话|口齿|吐字|舌头|言语)" + G3 + "(?:不清|含糊|含混|不利索|不利落|费劲|打结|大舌头|僵|发硬|不灵)|"
         "说不出话|大舌头|答非所问|话都说不(?:出|清)|不会说话了|" + SUDDEN_ZH + G4 + "听不懂|舌头" + G3 +
@@ -224,11 +225,13 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         SUDDEN_ZH + G4 + "(?:不认人|认不出人|认不得人|糊涂|说胡话|胡言乱语|神志不清|意识模糊|颠三倒四|答非所问|迷糊)",)),
     RedFlag("stroke", "vision_zh", (
         SUDDEN_ZH + G4 + "(?:看不见|看不清|看不到|失明|瞎了|重影|看东西(?:模糊|重影|成双|有两个)|视力(?:下降|模糊|丧失)|视线模糊)|"
-        "一(?:只|侧|边)眼(?:睛)?" + G4 + "(?:看不见|看不清|看不到|失明|黑了|瞎)|半边(?:视野|看不见)|视野(?:缺|少)了一(?:块|半)",)),
+        "一(?:只|侧|边)眼(?:睛)?" + G4 + "(?:看不见|看不清|看不到|失明|黑了|瞎)|看东西" + G2 + SUDDEN_ZH + G4 +
+        "(?:看不见|看不清|模糊|重影|黑)|(?:一半|半边)(?:黑了|看不见|看不清)|半边(?:视野|看不见)|视野(?:缺|少)了一(?:块|半)",)),
     RedFlag("stroke", "vision_dark_zh", (SUDDEN_ZH + G4 + "眼前(?:一黑|发黑)",),
             unless="站起|蹲|起床|起身|坐起|低血糖|饿"),
     RedFlag("stroke", "balance_zh", (
-        SUDDEN_ZH + G4 + "(?:站不稳|站不住|走不稳|走路不稳|走不了路|不会走路|走路歪|往一边倒|天旋地转|摔倒|跌倒|倒地|瘫倒|瘫软|瘫在地|栽倒|一头栽|扑倒)",),
+        SUDDEN_ZH + G4 + "(?:站不稳|站不住|走不稳|走路不稳|走不了路|不会走路|走路歪|往一边倒|天旋地转|摔倒|跌倒|倒地|瘫倒|瘫软|瘫在地|栽倒|"
+        "一头栽|扑倒)|(?:走路|走着|站着)" + G2 + SUDDEN_ZH + G2 + "(?:不稳|站不住|歪|倒)|(?:往|向)(?:左|右|一)边?(?:倒|偏|歪)",),
         unless="站起|蹲|起床|起身|坐起"),
     RedFlag("stroke", "event_zh", (
         DISEASE_EVENT_CUE_ZH + "(?:小中风|中风|脑梗[死塞]?|脑卒中|脑溢血|脑出血)|"
@@ -339,8 +342,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         CHEMICAL_ZH + G4 + "(?:喝|吃|吞|咽)(?:了|下|掉)|咬破了?体温计|(?<![物会能])中毒(?![吗么嘛])|"
         "(?:被|让)?(?:毒)?蛇咬|蛇咬伤",)),
     RedFlag("poisoning", "gas_zh", (
-        "(?:煤气|一氧化碳|燃气|天然气|炭火|烧炭|煤炉|炉子|炭盆)" + G10 +
-        "(?:中毒|头晕|头疼|头痛|恶心|晕倒|叫不醒|昏|泄漏|泄露|漏气|味道?很大)",)),
+        "(?:煤气|一氧化碳|燃气|天然气|炭火|烧炭|煤炉|炉子|炭盆)",
+        "中毒|头晕|头疼|头痛|恶心|晕倒|叫不醒|昏|站不起|泄漏|泄露|漏气|味道?很大")),
     RedFlag("poisoning", "mushroom_zh", (
         "(?:吃|误食)(?:了|完|过)?" + G8 + "(?:(?:野|毒|山上|采的|路边|捡的)" + G4 + "蘑菇|野生菌|菌子|见手青)",
         "吐|晕|拉肚子|又拉|腹泻|幻觉|小人|不舒服|恶心|肚子疼|腹痛")),
@@ -394,7 +397,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "雷击样|霹雳样|" + SUDDEN_ZH + G4 + "(?:剧烈|剧|爆炸|炸裂|撕裂)" + G3 + "(?:的)?头(?:痛|疼)|" +
         SUDDEN_ZH + G4 + "头(?:痛|疼)" + G4 + "(?:欲裂|炸|爆|剧烈|厉害得|受不了|难忍|要命)|"
         "(?:这辈子|一辈子|有生以来|从来没有?|从没|前所未有|史上)" + G6 + "(?:厉害|严重|剧烈|疼|痛)" + G2 + "(?:的)?头(?:痛|疼)|"
-        "最(?:厉害|严重|剧烈|疼|痛)的一次头(?:痛|疼)|头(?:痛|疼)" + G4 + "(?:从来没有?这么|从没这么|前所未有|这辈子最)",)),
+        "最(?:厉害|严重|剧烈|疼|痛)的一次头(?:痛|疼)|头" + SUDDEN_ZH + G8 + "(?:疼|痛)|头" + G10 + "(?:砸|劈|炸开|炸裂|裂开)|头(?:痛|疼)" + G4 + "(?:从来没有?这么|从没这么|前所未有|这辈子最)",)),
     RedFlag("severe_headache", "stiff_neck_fever_zh", (
         "(?:脖子|颈部|颈|后颈)" + G3 + "(?:发硬|硬|僵|转不动|不能弯|低不下)", "发烧|发热|高烧")),
     RedFlag("severe_headache", "thunderclap_en", (
@@ -476,6 +479,8 @@ _ABOUT_AFTER = re.compile("^(?:前|之前|以前)?(?:会)?(?:有|会有)?(?:什�
                           r"^\s*(?:signs|symptoms|warning signs)\b")
 # "空调对着头吹会面瘫吗": asking whether something causes it.
 _RISK_BEFORE = re.compile("(?:会|容易|能|可能会|导致|引起|造成|引发)$")
+# "can anxiety cause chest pain": asking what causes it.
+_CAUSE_BEFORE_EN = re.compile(r"\b(?:cause|causes|causing|caused by|lead to|trigger)\s+(?:a\s+|an\s+)?$")
 _QUESTION_AFTER = re.compile("^(?:了)?(?:吗|么|嘛|呢)")
 # A symptom that has lasted months or years is not an emergency (it still needs a
 # doctor), unless something new or sudden is said about it.
@@ -504,7 +509,7 @@ def _cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | 
         return True
     if _PREVENT_ZH.search(before) or _PREVENT_EN.search(before) or _ABOUT_AFTER.match(after):
         return True
-    if _RISK_BEFORE.search(before) and _QUESTION_AFTER.match(after):
+    if (_RISK_BEFORE.search(before) and _QUESTION_AFTER.match(after)) or _CAUSE_BEFORE_EN.search(before):
         return True
     for past, current in ((_PAST_BEFORE_ZH, _CURRENT_ZH), (_PAST_BEFORE_EN, _CURRENT_EN)):
         m = past.search(before)
