@@ -93,6 +93,7 @@ import datetime as dtm
 import hmac
 import html
 import json
+import logging
 import random
 import time
 import warnings
@@ -129,6 +130,7 @@ __all__ = [
     "TelegramAdapter",
     "TelegramSender",
     "parse_update",
+    "redact",
     "render_html",
     "retry_after_seconds",
     "setup_telegram",
@@ -200,6 +202,21 @@ def _lang_arg(value: str) -> str | None:
     if v.startswith("en") or v in ("english", "英文", "英语"):
         return "en"
     return None
+
+
+def redact(text: str, token: str) -> str:
+    """``text`` with the bot token replaced by ``<token>`` (it is part of every Bot API
+    URL, and python-telegram-bot puts it in ``InvalidToken`` messages)."""
+    return text.replace(token, "<token>") if token else text
+
+
+def _quiet_httpx() -> None:
+    """httpx logs every request URL at INFO, and a Bot API URL contains the token
+    (``https://api.telegram.org/bot<token>/sendMessage``): unless its level was set
+    on purpose, the ``httpx`` logger is raised to WARNING."""
+    logger = logging.getLogger("httpx")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 def _mask(user_id: object) -> str:
@@ -690,6 +707,7 @@ class TelegramAdapter:
         if self.cfg.secret and not tc.SECRET_TOKEN_RE.match(self.cfg.secret):
             raise ConfigError("config key 'telegram.secret': must be 1-256 characters of A-Z a-z 0-9 _ - "
                               "(Bot API setWebhook secret_token); set HEALTHBOT_TELEGRAM_SECRET")
+        _quiet_httpx()
         self.dispatcher = dispatcher
         self.handoff = handoff
         self.sender = TelegramSender(policy)
@@ -770,9 +788,9 @@ class TelegramAdapter:
         try:
             await self._connect()
         except InvalidToken as exc:
-            log.error("telegram.invalid_token", error=str(exc), hint="check HEALTHBOT_TELEGRAM_TOKEN")
+            log.error("telegram.invalid_token", error=self._redact(exc), hint="check HEALTHBOT_TELEGRAM_TOKEN")
         except (TelegramError, OSError) as exc:
-            log.error("telegram.start_failed", error=str(exc), api_base=_api_host(self.cfg.api_base))
+            log.error("telegram.start_failed", error=self._redact(exc), api_base=_api_host(self.cfg.api_base))
             self._starter = asyncio.create_task(self._connect_later(), name="telegram-connect")
 
     async def _connect(self) -> None:
@@ -796,11 +814,14 @@ class TelegramAdapter:
                 await self._connect()
                 return
             except InvalidToken as exc:
-                log.error("telegram.invalid_token", error=str(exc), hint="check HEALTHBOT_TELEGRAM_TOKEN")
+                log.error("telegram.invalid_token", error=self._redact(exc), hint="check HEALTHBOT_TELEGRAM_TOKEN")
                 return
             except (TelegramError, OSError) as exc:
                 wait = min(wait * 2, tc.STARTUP_RETRY_MAX_S)
-                log.warning("telegram.start_retry", error=str(exc), next_in_s=wait)
+                log.warning("telegram.start_retry", error=self._redact(exc), next_in_s=wait)
+
+    def _redact(self, exc: BaseException) -> str:
+        return redact(str(exc), self.cfg.token)
 
     async def _register_commands(self) -> None:
         """The command menu (setMyCommands), zh by default and en for English clients; best effort."""
@@ -1187,6 +1208,7 @@ async def webhook_admin(cfg: TelegramConfig, action: str) -> dict[str, Any]:
                               "A-Z a-z 0-9 _ -); POST /telegram refuses deliveries without it")
         if not cfg.webhook_url.rstrip("/").endswith(tc.WEBHOOK_PATH):
             log.warning("telegram.webhook_path", url=cfg.webhook_url, expected_suffix=tc.WEBHOOK_PATH)
+    _quiet_httpx()
     async with Bot(cfg.token, base_url=cfg.api_base) as bot:
         if action == "set-webhook":
             await bot.set_webhook(url=cfg.webhook_url, secret_token=cfg.secret,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dtm
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from aiohttp.test_utils import TestServer
 from telegram.error import RetryAfter
 
 from adapters import telegram_constants as tc
-from adapters.telegram import (SendPolicy, TelegramAdapter, parse_update, render_html, retry_after_seconds,
-                               setup_telegram, split_text, use_polling, utf16_len, webhook_admin)
+from adapters.telegram import (SendPolicy, TelegramAdapter, parse_update, redact, render_html,
+                               retry_after_seconds, setup_telegram, split_text, use_polling, utf16_len,
+                               webhook_admin)
 from bot.config import REPO_ROOT, ConfigError, load_config
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
@@ -667,6 +669,12 @@ def test_split_text_prefers_sentence_ends_and_counts_utf16():
     words = "one two three four five six"
     assert all(len(p) <= 10 for p in split_text(words, limit=10))
     assert " ".join(split_text(words, limit=10)) == words
+
+
+def test_the_token_stays_out_of_logs(tg: Harness):
+    # Bot API URLs carry the token; httpx would log each one at INFO.
+    assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
+    assert redact(f"The token `{TOKEN}` was rejected", TOKEN) == "The token `<token>` was rejected"
 
 
 def test_render_html_escapes_markup():
