@@ -68,7 +68,8 @@ _MEDICINE_NAMES_EN = (r"medicine|medication|meds|drug|pills?|tablets?|capsules?|
                       r"acetaminophen|tylenol|aspirin|statins?|metformin|amlodipine|lisinopril|warfarin|prednisone|melatonin|"
                       r"antibiotics?|amoxicillin|sleeping pills?")
 _MEDICINE_EN = f"(?:{_MEDICINE_NAMES_EN})"
-_FREQ_EN = r"(?:once|twice|three times|four times|\d+ times)\s+(?:a|per|each)\s+day|every\s+\d+(?:\s*-\s*\d+)?\s+hours|\b(?:bid|tid|qid)\b"
+_FREQ_EN = (r"(?:once|twice|three times|four times|\d+ times)\s+(?:a|per|each)\s+day|every\s+\d+(?:\s*-\s*\d+)?\s+hours|"
+            r"\b(?:bid|tid|qid)\b")
 
 # (reason, rule name, pattern). Patterns run over lowercased text.
 REVIEW_RULES: tuple[tuple[str, str, str], ...] = (
@@ -88,12 +89,14 @@ REVIEW_RULES: tuple[tuple[str, str, str], ...] = (
                                    rf"tablets?|pills?|capsules?)\s+(?:of\s+)?(?:\w+\s+)?{_MEDICINE_EN}\b"),
     ("stop_medicine", "stop_zh", "停药|减药|断药|换药|停掉[^。！？\\n，,]{0,4}药|停用[^。！？\\n，,]{0,6}(?:药|他汀|胰岛素)|"
                                  "(?:可以|能|就能|就可以|不妨|试着)(?:停|不吃|不用吃|不用再吃|减|减少|换)[^。！？\\n，,]{0,4}(?:药|他汀|胰岛素)|"
-                                 "减(?:少)?(?:药量|剂量)|把[^。！？\\n，,]{0,6}药[^。！？\\n，,]{0,2}(?:停|减|换)|换成[^。！？\\n，,]{0,6}(?:药|胰岛素)|加(?:大)?(?:药量|剂量)|"
+                                 "减(?:少)?(?:药量|剂量)|把[^。！？\\n，,]{0,6}药[^。！？\\n，,]{0,2}(?:停|减|换)|"
+                                 "换成[^。！？\\n，,]{0,6}(?:药|胰岛素)|加(?:大)?(?:药量|剂量)|"
                                  "药(?:量)?(?:加倍|减半)|(?:不用|不必|无需)再?吃药|可以不吃药"),
     ("stop_medicine", "stop_en", r"\bstop(?:ping)? (?:taking|using)\b|\bstop (?:your|the|all)\s+(?:\w+\s+){0,2}?" + _MEDICINE_EN +
                                  r"|\bcome off (?:your|the)\b|\b(?:reduce|lower|cut|halve|double|increase|change|switch)\s+(?:down\s+)?"
                                  r"(?:on\s+)?your\s+(?:\w+\s+){0,2}?(?:dose|dosage|" + _MEDICINE_NAMES_EN + r")\b|"
-                                 r"\byou can stop\b|\bno longer need (?:your|to take)\b|\bskip (?:your|a) (?:dose|pills?|medication|insulin)\b"),
+                                 r"\byou can stop\b|\bno longer need (?:your|to take)\b|"
+                                 r"\bskip (?:your|a) (?:dose|pills?|medication|insulin)\b"),
     ("diagnosis", "you_have_zh", "(?:你|您)(?:可能|应该|肯定|一定|就是|这是|这就是)?(?:得了|患了|患有)|"
                                  "(?:你|您)(?:这|这个)?(?:肯定是|应该是|就是|一定是|这是|属于)[^。！？\\n，,]{0,6}"
                                  "(?:病|症(?!状)|炎|癌|瘤|综合征|梗|中风|结石|感染|溃疡|甲亢|甲减|痛风|抑郁)|"

@@ -199,8 +199,10 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               r"\bdiagnos\w*|\b(?:mean|means|sign|signs) (?:that )?(?:i|he|she|my \w+) (?:have|has|might have|could have) "
               r"(?:a |an )?(?:cancer|tumou?r|something serious|leuka?emia|heart disease|dementia|parkinson'?s|ms)\b|"
               r"\bcould (?:it|this|these|that)(?: \w+){0,2} (?:be|mean) (?:cancer|a tumou?r|serious|something serious)|"
-              r"\S.{10,}\bwhat (?:is|could be|might be) (?:it|this|that)\s*\??\s*$|\bwhat could (?:it|this|that) be\b|\bpretend (?:you(?:'re| are) )?(?:to be )?(?:a|my) doctor|\bact as (?:a|my) doctor"),
-    ScopeRule("diagnosis", "roleplay_zh", "(?:假装|假设|你就当|当作|扮演)[^,.;!?，。；！？]{0,4}(?:你是|自己是)?[^,.;!?，。；！？]{0,2}医生"),
+              r"\S.{10,}\bwhat (?:is|could be|might be) (?:it|this|that)\s*\??\s*$|\bwhat could (?:it|this|that) be\b|"
+              r"\bpretend (?:you(?:'re| are) )?(?:to be )?(?:a|my) doctor|\bact as (?:a|my) doctor"),
+    ScopeRule("diagnosis", "roleplay_zh",
+              "(?:假装|假设|你就当|当作|扮演)[^,.;!?，。；！？]{0,4}(?:你是|自己是)?[^,.;!?，。；！？]{0,2}医生"),
 
     # ---- price -----------------------------------------------------------------------
     ScopeRule("price", "price_zh", "多少钱|费用|价格|贵不贵|花多少钱|医保(?:能)?报销|报销比例|挂号费|手术费"),

@@ -165,7 +165,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bno (?:reason|point) (?:to|in) (?:live|living|go on|going on)|\bbetter off dead|\btake my (?:own )?life|"
         r"\bnot worth living|\bcan'?t go on\b|\bwish i (?:was|were) dead|\bwish i (?:wasn'?t|weren'?t) (?:alive|here|born)|"
         r"\bjump off (?:a|the) (?:bridge|building|roof)|\bend(?:ing)? it (?:all|tonight|today|now|soon)\b|"
-        r"\b(?:saved up|stockpil\w*|hoard\w*|collect\w*)\b" + E15 + r"\b(?:pills|tablets|meds)|\bbetter off without me|\bif i (?:was|were) dead|\bif i (?:died|wasn'?t here)",)),
+        r"\b(?:saved up|stockpil\w*|hoard\w*|collect\w*)\b" + E15 + r"\b(?:pills|tablets|meds)|\bbetter off without me|"
+        r"\bif i (?:was|were) dead|\bif i (?:died|wasn'?t here)",)),
     RedFlag("crisis", "self_harm_en", (
         r"\bself[- ]?harm\w*|\b(?:hurt|hurting|harm|harming|cut|cutting|burn|burning) myself\b",)),
 
@@ -174,6 +175,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:胸(?!肌|罩|围|怀|襟|有成竹|针)|心口|心窝|心前区|前胸)(?:口|部|前|膛|腔|里|这)?" + G4 +
         "(?:痛|疼|闷|压(?!力)|紧|憋|堵|绞|攥|揪|勒|难受|不舒服|石头|大石|重物|透不过|喘不)",),
         unless="经期|月经|例假|生理期|大姨妈|乳房|乳腺|哺乳|喂奶|涨奶|胀奶|咳(?:嗽|得|的时候|时)"),
+    RedFlag("heart_attack", "worst_ever_zh", ("(?:胸|心口)" + G4 + "从(?:来)?没(?:有)?(?:这么|那么|如此)" + G2 + "(?:疼|痛|难受|闷)",)),
     RedFlag("heart_attack", "heart_pain_zh", ("心脏" + G3 + "(?:疼|痛|难受|不舒服|揪|绞|压(?!力))|心绞痛",)),
     RedFlag("heart_attack", "event_zh", (
         DISEASE_EVENT_CUE_ZH + "(?:心梗|心肌梗[死塞]|心绞痛)|(?:心梗|心肌梗[死塞])(?:又|突然)?(?:犯了|发作|复发|了)|"
@@ -360,7 +362,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\b(?:swallowed|drank|ate|drinking|ingested|has eaten|has drunk)\b" + E15 +
         r"\b(?:bleach|poison\w*|pesticide|weed ?killer|antifreeze|detergent|laundry pod|dishwasher (?:tablet|pod)|"
         r"batter(?:y|ies)|rat poison|cleaning (?:product|fluid)|paint thinner|petrol|gasoline|kerosene|methanol|mercury|"
-        r"silica gel|magnets?)|\bcarbon monoxide (?:poison\w*|leak)|\b(?:co|carbon monoxide|gas) alarm (?:is )?(?:going off|went off|beeping)|\bgas leak|(?<!food )\bpoison(?:ed|ing)\b|"
+        r"silica gel|magnets?)|\bcarbon monoxide (?:poison\w*|leak)|"
+        r"\b(?:co|carbon monoxide|gas) alarm (?:is )?(?:going off|went off|beeping)|\bgas leak|(?<!food )\bpoison(?:ed|ing)\b|"
         r"\bsnake ?bite|\bbitten by a snake|\b(?:wild|poisonous) mushroom",)),
 
     # ---- seizure and unconsciousness --------------------------------------------------
@@ -380,7 +383,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bunconscious|\bunresponsive|\bnot responding\b|\bstill (?:not|isn'?t) (?:awake|conscious|responding)|"
         r"\b(?:he|she|they|baby|dad|mum|mom|grandma|grandpa|granny|father|mother|husband|wife|son|daughter)\b" + E15 +
         r"\b(?:won'?t|will not|isn'?t|is not|doesn'?t|can'?t) (?:wake|waking)|\b(?:won'?t|can'?t|cannot|couldn'?t) wake "
-        r"(?:him|her|them|my \w+|the baby)\b|\bpassed out|\bblack(?:ed)? out\b(?!\s*curtain)|\bfaint(?:ed|ing)\b|\bcollaps(?:ed|ing)\b|\bno (?:pulse|heartbeat)\b|"
+        r"(?:him|her|them|my \w+|the baby)\b|\bpassed out|\bblack(?:ed)? out\b(?!\s*curtain)|\bfaint(?:ed|ing)\b|"
+        r"\bcollaps(?:ed|ing)\b|\bno (?:pulse|heartbeat)\b|"
         r"\bcardiac arrest|\bkeeled over",)),
     RedFlag("unconscious", "not_breathing_en", (r"\b(?:not|isn'?t|stopped|stops) breathing\b",),
             unless=r"\bsnor\w*|\bsleep apn\w*"),
@@ -397,7 +401,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "雷击样|霹雳样|" + SUDDEN_ZH + G4 + "(?:剧烈|剧|爆炸|炸裂|撕裂)" + G3 + "(?:的)?头(?:痛|疼)|" +
         SUDDEN_ZH + G4 + "头(?:痛|疼)" + G4 + "(?:欲裂|炸|爆|剧烈|厉害得|受不了|难忍|要命)|"
         "(?:这辈子|一辈子|有生以来|从来没有?|从没|前所未有|史上)" + G6 + "(?:厉害|严重|剧烈|疼|痛)" + G2 + "(?:的)?头(?:痛|疼)|"
-        "最(?:厉害|严重|剧烈|疼|痛)的一次头(?:痛|疼)|头" + SUDDEN_ZH + G8 + "(?:疼|痛)|头" + G10 + "(?:砸|劈|炸开|炸裂|裂开)|头(?:痛|疼)" + G4 + "(?:从来没有?这么|从没这么|前所未有|这辈子最)",)),
+        "最(?:厉害|严重|剧烈|疼|痛)的一次头(?:痛|疼)|头" + SUDDEN_ZH + G8 + "(?:疼|痛)|头" + G10 + "(?:砸|劈|炸开|炸裂|裂开)|"
+        "头(?:痛|疼)" + G4 + "(?:从来没有?这么|从没这么|前所未有|这辈子最)",)),
     RedFlag("severe_headache", "stiff_neck_fever_zh", (
         "(?:脖子|颈部|颈|后颈)" + G3 + "(?:发硬|硬|僵|转不动|不能弯|低不下)", "发烧|发热|高烧")),
     RedFlag("severe_headache", "thunderclap_en", (
@@ -473,7 +478,8 @@ _CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|ri
 _PREVENT_ZH = re.compile("(?:预防|防止|避免|防范|怎么防|如何防|怎样防|远离|降低|(?:怎么|怎样|如何)(?:判断|识别|区分|分辨|知道|看出))"
                          + _g(6) + "$")
 _PREVENT_EN = re.compile(r"\b(?:prevent|preventing|prevention of|avoid|avoiding|risk of|reduce the risk of|"
-                         r"worried about|afraid of|scared of|fear of|chance of|how (?:do|can|would) (?:i|you|we) (?:tell|know|recogni[sz]e|spot))\b(?:\s+[\w'-]+){0,3}\s*$")
+                         r"worried about|afraid of|scared of|fear of|chance of|"
+                         r"how (?:do|can|would) (?:i|you|we) (?:tell|know|recogni[sz]e|spot))\b(?:\s+[\w'-]+){0,3}\s*$")
 # "心梗发作前有啥信号", "中风的前兆": asking about a condition, not describing one.
 _ABOUT_AFTER = re.compile("^(?:前|之前|以前)?(?:会)?(?:有|会有)?(?:什么|啥|哪些)?(?:的)?(?:前兆|信号|征兆|先兆|症状|表现|早期)|"
                           r"^\s*(?:signs|symptoms|warning signs)\b")
@@ -483,9 +489,14 @@ _RISK_BEFORE = re.compile("(?:会|容易|能|可能会|导致|引起|造成|引�
 _CAUSE_BEFORE_EN = re.compile(r"\b(?:cause|causes|causing|caused by|lead to|trigger)\s+(?:a\s+|an\s+)?$")
 _QUESTION_AFTER = re.compile("^(?:了)?(?:吗|么|嘛|呢)")
 # A symptom that has lasted months or years is not an emergency (it still needs a
-# doctor), unless something new or sudden is said about it.
-_CHRONIC_ZH = re.compile("(?:好多|很多|好几|几|多|\\d+|[一二两三四五六七八九十]+)(?:年|个多月|个月)了|多年了|很多年")
-_CHRONIC_EN = re.compile(r"\bfor (?:years|months|(?:\d+|two|three|four|five|six|several|many) (?:years|months))\b")
+# doctor), unless something new or sudden is said in its clause. Only the symptom's
+# own clause counts ("说话不清楚好几年了", "胸口疼，好几年了"), not a background
+# condition ("高血压十多年了，今天胸口疼出冷汗").
+_CHRONIC = re.compile("(?:好多|很多|好几|几|多|\\d+|[一二两三四五六七八九十]+)(?:年|个多月|个月)了|多年了|很多年|"
+                      r"\bfor (?:years|months|(?:\d+|two|three|four|five|six|several|many) (?:years|months))\b")
+_CHRONIC_BEFORE = re.compile("(?:这几年|近几年|这些年|多年来|常年|长期|这几个月|几个月来)" + _g(8) + "$|"
+                             r"\bfor (?:years|months)\b")
+_SHORT_CLAUSE = 12  # characters: a following clause this short only qualifies the symptom ("好多年了")
 _NEW_OR_SUDDEN = re.compile("又|突然|忽然|突发|今天|刚才|刚刚|加重|越来越|现在|最近|这两天|昨天|"
                             r"\b(?:again|suddenly|today|now|worse|this morning|just now)\b")
 
@@ -499,10 +510,15 @@ def _clauses(text: str) -> list[str]:
     return [c for c in _CLAUSE_SPLIT.split(text) if c and c.strip()]
 
 
-def _cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | None, rest: str) -> bool:
+def _cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | None, rest: str,
+               next_clause: str, chronic_cancels: bool) -> bool:
     """True when the context around ``clause[start:end]`` cancels the match; ``rest``
     is the message from this clause on (where "现在好了" may come later)."""
     before, after = clause[:start], clause[end:]
+    if chronic_cancels and not _NEW_OR_SUDDEN.search(clause) and (
+            _CHRONIC.search(after) or _CHRONIC_BEFORE.search(before)
+            or (len(next_clause) <= _SHORT_CLAUSE and _CHRONIC.search(next_clause))):
+        return True
     if not_before is not None and not_before.search(before):
         return True
     if _NEG_BEFORE_ZH.search(before) or _NEG_BEFORE_EN.search(before) or _NEG_AFTER_ZH.match(after):
@@ -523,10 +539,13 @@ def _cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | 
     return bool(_PAST_AFTER_ZH.match(after) or _PAST_AFTER_EN.match(after))
 
 
-def _find(pattern: re.Pattern[str], clauses: list[str], not_before: re.Pattern[str] | None) -> bool:
+def _find(pattern: re.Pattern[str], clauses: list[str], not_before: re.Pattern[str] | None,
+          chronic_cancels: bool) -> bool:
     for i, clause in enumerate(clauses):
+        next_clause = clauses[i + 1] if i + 1 < len(clauses) else ""
         for m in pattern.finditer(clause):
-            if not _cancelled(clause, m.start(), m.end(), not_before, " ".join(clauses[i:])):
+            if not _cancelled(clause, m.start(), m.end(), not_before, " ".join(clauses[i:]), next_clause,
+                              chronic_cancels):
                 return True
     return False
 
@@ -539,14 +558,13 @@ def match_red_flags(text: str) -> list[str]:
     """
     view = normalize(text).text.translate(_CANTONESE)
     clauses = _clauses(view)
-    chronic = bool(_CHRONIC_ZH.search(view) or _CHRONIC_EN.search(view)) and not _NEW_OR_SUDDEN.search(view)
     hits = []
     for flag, patterns, not_before, unless in _COMPILED:
         if unless is not None and unless.search(view):
             continue
-        if chronic and flag.category not in ("crisis", "infant_fever"):
-            continue
-        if all(_find(p, clauses, not_before if i == 0 else None) for i, p in enumerate(patterns)):
+        # Suicidal thoughts are never "chronic"; a baby's age in months is not a duration.
+        chronic_cancels = flag.category not in ("crisis", "infant_fever")
+        if all(_find(p, clauses, not_before if i == 0 else None, chronic_cancels) for i, p in enumerate(patterns)):
             hits.append(f"{flag.category}.{flag.name}")
     return hits
 

@@ -115,6 +115,14 @@ def test_distant_past_is_not_an_emergency_but_a_new_episode_is():
     assert triage("刚才胸口疼了几分钟，现在好了", "zh", CFG) is not None  # may be unstable angina: still 120
 
 
+def test_long_standing_symptom_is_not_an_emergency_but_background_illness_does_not_hide_one():
+    assert triage("我爸说话不清楚好几年了", "zh", CFG) is None
+    assert triage("I have had chest pain for years, what diet helps", "en", CFG) is None
+    assert triage("高血压十多年了，胸口疼出冷汗", "zh", CFG).kind == "emergency"
+    assert triage("我爸中风好几年了，今天突然又说不出话", "zh", CFG).kind == "emergency"
+    assert triage("孩子两个月了，发烧38度", "zh", CFG).rule.startswith("infant_fever")
+
+
 def test_traditional_input_is_triaged_and_answered_in_traditional():
     result = triage("我爸胸口很痛，一直冒冷汗", "zh", CFG)
     assert result is not None and result.kind == "emergency"
