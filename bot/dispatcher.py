@@ -26,6 +26,7 @@ from bot.handoff import HandoffManager
 from bot.intents import intent_reply, rule_intent, unsupported_reply
 from bot.knowledge import KnowledgeBase
 from bot.retrieval import Retriever
+from bot.terms import canonical_terms
 from bot.types import Inbound, Intent, MessageKind, Reply
 from inference.batcher import BusyError, DeadlineExceeded
 from safety.disclaimer import with_disclaimer
@@ -90,7 +91,9 @@ class Dispatcher:
     async def _decide(self, inbound: Inbound) -> tuple[Reply, dict[str, Any]]:
         text = inbound.text or ""
         norm = normalize(text)
-        lang = inbound.lang or norm.lang
+        # A message with no words (a follow event, a photo) says nothing about the
+        # language: the channel's own hint, else Chinese, the main audience.
+        lang = inbound.lang or (norm.lang if norm.text.strip() else "zh")
         if inbound.kind is MessageKind.SUBSCRIBE:
             return Reply(intent_reply(Intent.GREETING, lang), Intent.GREETING, lang), {}
         if inbound.kind is MessageKind.EVENT:
@@ -124,7 +127,7 @@ class Dispatcher:
         if scope is not None:
             return out(with_disclaimer(scope.reply, lang), Intent.REFER_DOCTOR), {"rule": scope.reason}
         try:
-            found = await self.retriever.search(norm.text)
+            found = await self.retriever.search(canonical_terms(norm.text))
         except (BusyError, DeadlineExceeded) as exc:
             return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
         engine = self.retriever.encoder.engine_name
