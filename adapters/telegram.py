@@ -796,9 +796,10 @@ class TelegramAdapter:
     async def _connect(self) -> None:
         app = self.application
         assert app is not None
-        await app.initialize()
-        await app.start()
-        if self.polling and app.updater is not None:
+        await app.initialize()  # getMe; a no-op once it succeeded (safe to retry)
+        if not app.running:
+            await app.start()
+        if self.polling and app.updater is not None and not app.updater.running:
             await app.updater.start_polling(timeout=tc.POLL_TIMEOUT_S, allowed_updates=list(tc.ALLOWED_UPDATES),
                                             drop_pending_updates=False)
         self.accepting = True
@@ -809,7 +810,7 @@ class TelegramAdapter:
     async def _connect_later(self) -> None:
         wait = 1.0
         while True:
-            await asyncio.sleep(wait)
+            await self.sender.policy.sleep(wait)
             try:
                 await self._connect()
                 return
@@ -877,8 +878,9 @@ class TelegramAdapter:
         ``X-Telegram-Bot-Api-Secret-Token`` is missing or wrong (constant-time
         comparison); 413 over :data:`~adapters.telegram_constants.UPDATE_MAX_BYTES`;
         400 for a body that is not a JSON object with an integer ``update_id``; 200
-        otherwise — including an update python-telegram-bot cannot parse (logged
-        and dropped, so Telegram does not re-send it for ever).
+        otherwise — including an update python-telegram-bot cannot parse, or an
+        error in this handler (logged and dropped, so Telegram does not re-send it
+        for ever).
         """
         if not self.cfg.secret:
             return web.Response(status=503, text="telegram webhook secret not configured")
@@ -890,6 +892,14 @@ class TelegramAdapter:
         app = self.application
         if app is None or not app.running or not self.accepting:
             return web.Response(status=503, text="telegram adapter not ready")
+        try:
+            return await self._accept(request, app)
+        except Exception:  # noqa: BLE001 — a bug here must not turn into a 5xx that Telegram re-sends
+            log.exception("telegram.webhook_error")
+            return web.Response(text="ok")
+
+    async def _accept(self, request: web.Request, app: Application) -> web.Response:
+        """Read, check and queue one authenticated delivery (see :meth:`handle_webhook`)."""
         try:
             body = await _read_limited(request, tc.UPDATE_MAX_BYTES)
         except _TooLarge:

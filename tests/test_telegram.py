@@ -234,6 +234,34 @@ async def test_webhook_answers_503_until_the_bot_api_is_reachable():
         await _close(h)
 
 
+async def test_start_up_retries_until_the_bot_api_answers():
+    fake = FakeBotAPI(token=TOKEN)
+    fake.fail("getMe", 502, "Bad Gateway", times=1)  # python-telegram-bot retries nothing at start-up
+    await fake.start()
+    cfg = load_config(env={"HEALTHBOT_TELEGRAM_TOKEN": TOKEN, "HEALTHBOT_TELEGRAM_SECRET": SECRET,
+                           "HEALTHBOT_TELEGRAM_API_BASE": fake.api_base})
+    handoff = HandoffManager()
+    dispatcher = ScriptedDispatcher(handoff)
+    waits: list[float] = []
+
+    async def short_sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(0.01)
+
+    app = web.Application()
+    adapter = setup_telegram(app, cfg, dispatcher, handoff, policy=SendPolicy(sleep=short_sleep))
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    h = Harness(fake, adapter, dispatcher, handoff, server, aiohttp.ClientSession(), waits, Updates())
+    try:
+        await fake.wait_for(lambda: len(fake.calls_to("getMe")) >= 2)
+        await fake.wait_for(lambda: adapter.accepting)
+        await h.deliver(h.u.text(USER, "连上了吗"))
+        assert h.texts(USER) == ["答：连上了吗"] and waits[0] == 1.0
+    finally:
+        await _close(h)
+
+
 # --------------------------------------------------------------------------- messages
 
 
