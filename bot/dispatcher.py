@@ -26,6 +26,7 @@ from bot.handoff import HandoffManager
 from bot.intents import intent_reply, rule_intent, unsupported_reply
 from bot.knowledge import KnowledgeBase
 from bot.retrieval import Retriever
+from bot.session import Sessions, is_follow_up
 from bot.terms import canonical_terms
 from bot.types import Inbound, Intent, MessageKind, Reply
 from inference.batcher import BusyError, DeadlineExceeded
@@ -61,6 +62,7 @@ class Dispatcher:
         self.cfg = cfg
         self.retriever = retriever
         self.handoff = handoff or HandoffManager()
+        self.sessions = Sessions()
         self.once: OnceCache[Reply] = OnceCache()
 
     @property
@@ -126,8 +128,13 @@ class Dispatcher:
         scope = check_scope(norm.text, lang)
         if scope is not None:
             return out(with_disclaimer(scope.reply, lang), Intent.REFER_DOCTOR), {"rule": scope.reason}
+        session = self.sessions.get(inbound.channel, inbound.user_id)
+        context = None
+        if session.last_topic and is_follow_up(norm.text):
+            # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
+            context = self.kb.topics[session.last_topic].title[lang]
         try:
-            found = await self.retriever.search(canonical_terms(norm.text))
+            found = await self.retriever.search(canonical_terms(norm.text), context=context)
         except (BusyError, DeadlineExceeded) as exc:
             return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
         engine = self.retriever.encoder.engine_name
@@ -136,10 +143,12 @@ class Dispatcher:
             return out(intent_reply(Intent.OUT_OF_SCOPE, lang), Intent.OUT_OF_SCOPE, engine=engine), {
                 "best_topic": best.topic_id}
         if found.off_topic == "no_answer" or best.confidence < self.cfg.knowledge.min_confidence:
+            session.no_answer_streak += 1
             body = with_disclaimer(intent_reply(Intent.NO_ANSWER, lang), lang)
             return out(body, Intent.NO_ANSWER, confidence=best.confidence, engine=engine,
                        handoff=True), {"best_topic": best.topic_id}
         topic = self.kb.topics[best.topic_id]
+        session.last_topic, session.no_answer_streak = topic.id, 0
         checked = review(topic.render(lang), lang)
         body = with_disclaimer(checked.text, lang)
         return out(body, Intent.ANSWER, topic=topic.id, confidence=best.confidence, engine=engine), (

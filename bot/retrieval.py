@@ -167,30 +167,40 @@ class Retriever:
             at += len(examples[kind])
         return cls(kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32), example_vectors)
 
-    async def search(self, text: str, k: int = 3) -> SearchResult:
+    def _score(self, q: np.ndarray, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(hybrid, dense, best single cosine, BM25) per topic, each float32[topics]."""
+        sims = np.append(self.vectors @ q, -1.0).astype(np.float32)  # index -1 = padding
+        per_topic = np.sort(sims[self._rows], axis=1)[:, ::-1]
+        dense = per_topic[:, :DENSE_TOP_K].mean(axis=1)
+        lexical = np.asarray(self.bm25.scores(tokenize(text)), dtype=np.float32)
+        hybrid = dense + LEXICAL_WEIGHT * lexical / (lexical + LEXICAL_SATURATION)
+        return hybrid, dense, per_topic[:, 0], lexical
+
+    async def search(self, text: str, k: int = 3, context: str | None = None) -> SearchResult:
         """Top-``k`` topics for a normalized question, best first.
 
         Args:
             text: the user's question after safety.normalize (Simplified, lowercase Latin).
             k: number of matches to return.
+            context: for a follow-up question ("那饮食上呢"), the words of the topic
+                it follows; topics are then scored by the mean of the scores of
+                ``context + text`` and of ``text`` alone, so the follow-up's own
+                words pick among the topics near the context.
 
         Raises:
             inference.batcher.BusyError / DeadlineExceeded: the inference pool is overloaded.
         """
-        q = (await self.encoder.encode([text]))[0]
-        sims = np.append(self.vectors @ q, -1.0).astype(np.float32)  # index -1 = padding
-        per_topic = np.sort(sims[self._rows], axis=1)[:, ::-1]
-        dense = per_topic[:, :DENSE_TOP_K].mean(axis=1)
-        best_single = per_topic[:, 0]
-        lexical = np.asarray(self.bm25.scores(tokenize(text)), dtype=np.float32)
-        hybrid = dense + LEXICAL_WEIGHT * lexical / (lexical + LEXICAL_SATURATION)
+        texts = [text] if context is None else [f"{context} {text}", text]
+        qs = await self.encoder.encode(texts)
+        parts = [self._score(q, t) for q, t in zip(qs, texts)]
+        hybrid, dense, best_single, lexical = (np.mean([p[j] for p in parts], axis=0) for j in range(4))
         order = np.argsort(-hybrid)[: max(k, 2)]
         margin = float(hybrid[order[0]] - hybrid[order[1]]) if len(order) > 1 else 1.0
         out = []
         for rank, i in enumerate(order[:k]):
             conf = confidence(float(hybrid[i]), margin if rank == 0 else 0.0)
             out.append(Match(self.topic_ids[i], float(hybrid[i]), float(dense[i]), float(lexical[i]), conf))
-        nearest = {kind: float((v @ q).max()) for kind, v in self.example_vectors.items()}
+        nearest = {kind: float((v @ qs[0]).max()) for kind, v in self.example_vectors.items()}
         off_topic = None
         for kind in ("out_of_scope", "no_answer"):
             if kind in nearest and nearest[kind] > best_single[order[0]] + OFF_TOPIC_MARGIN[kind]:

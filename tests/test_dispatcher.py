@@ -86,3 +86,17 @@ async def test_subscribe_and_unsupported_messages_get_helpful_texts(dispatcher):
     image = await dispatcher.handle(Inbound("test", "u1", "u1", "img-1", MessageKind.UNSUPPORTED,
                                             raw={"type": "image"}))
     assert image.intent is Intent.SYSTEM and "文字" in image.text
+
+
+async def test_follow_up_question_is_read_against_the_last_topic(dispatcher):
+    first = await dispatcher.handle(Inbound("test", "fu", "fu", "fu-1", MessageKind.TEXT, "高血压平时运动要注意什么"))
+    assert first.topic == "chronic.hypertension_lifestyle"
+    follow = await dispatcher.handle(Inbound("test", "fu", "fu", "fu-2", MessageKind.TEXT, "那饮食上呢"))
+    assert follow.topic == "chronic.hypertension_diet"
+    season = await dispatcher.handle(Inbound("test", "fu2", "fu2", "fu-3", MessageKind.TEXT, "冬天怎么养生"))
+    assert season.topic == "tcm.winter"
+    summer = await dispatcher.handle(Inbound("test", "fu2", "fu2", "fu-4", MessageKind.TEXT, "那夏天呢"))
+    assert summer.topic == "tcm.summer"
+    english = await dispatcher.handle(Inbound("test", "fu3", "fu3", "fu-5", MessageKind.TEXT, "I can't fall asleep"))
+    nap = await dispatcher.handle(Inbound("test", "fu3", "fu3", "fu-6", MessageKind.TEXT, "what about napping?"))
+    assert (english.topic, nap.topic) == ("sleep.insomnia", "sleep.nap")
