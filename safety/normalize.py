@@ -68,9 +68,10 @@ class Normalized:
         lang: ``"zh"`` if the text contains any CJK ideograph, else ``"en"``.
         script: ``"hant"`` when the user wrote Traditional characters (OpenCC
             ``t2s`` changed the text), else ``"hans"``.
-        variant: ``"hk"`` or ``"tw"`` when a Traditional writer's region shows
-            (Cantonese particles; Taiwan spellings), else ``""``; picks the OpenCC
-            ``s2hk`` / ``s2tw`` reply conversion.
+        variant: ``"hk"`` when the writer shows Hong Kong (Cantonese particles such
+            as 佢/唔/咗, or 香港), ``"tw"`` when a Traditional writer uses Taiwan
+            spellings, else ``""``; picks the OpenCC ``s2hk`` / ``s2tw`` reply
+            conversion and, in triage, names 999 before 120.
     """
 
     text: str
@@ -122,12 +123,9 @@ def normalize(text: str) -> Normalized:
     s = _DECORATIVE.sub(" ", s)
     simplified = _converter("t2s").convert(s)
     script = "hant" if simplified != s else "hans"
-    variant = ""
-    if script == "hant":
-        if _HK_MARKERS.search(original):
-            variant = "hk"
-        elif _TW_MARKERS.search(original):
-            variant = "tw"
+    # Cantonese particles survive t2s, so a Hong Kong writer is recognised from the
+    # normalized text too (the dispatcher may pass that to triage).
+    variant = "hk" if _HK_MARKERS.search(original) else ("tw" if script == "hant" and _TW_MARKERS.search(original) else "")
     s = _PUNCT_RUN.sub(r"\1", simplified)
     s = _CJK_SPACE.sub("", s)
     s = _SPACES.sub(" ", s).strip().lower()
