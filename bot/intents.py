@@ -81,7 +81,7 @@ OFF_TOPIC_PATTERNS: tuple[str, ...] = (
     r"电影|电视剧|综艺|明星|追剧|小说|游戏|王者荣耀|星座|算命|运势|风水|生肖",
     r"快递|外卖|打车|导航|手机|充话费|流量|电脑|打印机|信号|下载|安装|软件|密码|账号|微信怎么|(?<![a-z])(?:wifi|app)(?![a-z])",
     r"^你(?:几岁|多大|喜欢|结婚|是男|是女|住在?哪|有男朋友|有女朋友|吃饭了|在干嘛|今年)",
-    r"几点了|今天几号|星期几|现在几点|什么日子",
+    r"几点了|今天几号|星期几|现在几点|什么日子|新闻|去哪(?:里|儿)?玩|好玩的地方",
     r"\bweather\b|\bforecast\b|\brain(?:ing)? (?:today|tomorrow)|\bstocks?\b|\bstock market\b|\bbitcoin\b|\bcrypto\b|"
     r"\blottery\b|\bhomework\b|\bmath(?:s)? problem|\bessay\b|\brecipe\b|\bhow (?:do i|to) (?:cook|bake|make) |"
     r"\bjoke\b|\bcode\b|\bcoding\b|\bpython\b|\bjavascript\b|\bprogram(?:ming)?\b|\bfootball\b|\bsoccer\b|"
@@ -102,7 +102,7 @@ HEALTH_WORDS: tuple[str, ...] = (
     r"少油|少盐|低脂|低糖|清淡|适合.{0,4}吃|能不能吃|能吃吗|可以吃吗|吃了会|对身体|养胃|护肝|长寿|体检|疫苗|"
     r"伤|出汗|手脚|呼吸|喘|嗓子|喉咙|鼻|耳朵|耳鸣|头痛|头疼|头晕|头皮|肚子|恶心|呕吐|食欲|胃口|嘴唇|口干|干裂|干燥|"
     r"脸上|手上|脚上|腿|胳膊|后背|指甲|便|尿|体温|感染|保暖|着凉|受凉|冻疮|痱子|玩手机|看手机|刷手机|屏幕|用眼|"
-    r"多久合适|危害|好处|坏处|有害|洗手|肩|背(?!景|包|书|单词|后)|酸(?!菜|奶|梅)|梗|中风|癌|瘤|空调|冷气|暖气|熬(?!汤|粥|药|中药)|戒|太久|姿势|坐姿|趴着|驼背|看多久|玩多久",
+    r"水土不服|多久合适|危害|好处|坏处|有害|洗手|肩|背(?!景|包|书|单词|后)|酸(?!菜|奶|梅)|梗|中风|癌|瘤|空调|冷气|暖气|熬(?!汤|粥|药|中药)|戒|太久|姿势|坐姿|趴着|驼背|看多久|玩多久",
     r"\bhealth|\bwellness|\bpain\b|\bache|\bhurt|\bsick\b|\bill\b|\bdisease|\bdoctor|\bmedic|\bpills?\b|\bdrugs?\b|"
     r"\bblood\b|\bheart\b|\bstomach|\bsleep|\binsomnia|\btired|\bfatigue|\bdiet\b|\bweight\b|\bcalorie|\bexercise|"
     r"\bworkout|\bwalk(?:ing)?\b|\bnutrition|\bvitamin|\bprotein|\bsalt\b|\bsugar\b|\bsodium|\bfat\b|\bcholesterol|"

@@ -153,7 +153,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "死了(?:算了|好了|就好了|一了百了)|一死了之|一了百了|自杀|轻生|寻死|想不开|生无可恋|活腻了|"
         "(?:想|准备|打算)(?:去)?(?:跳楼|跳河|跳江|上吊|喝农药|卧轨|死(?![你他她它人]))|要(?:去)?(?:跳楼|跳河|跳江|上吊|卧轨)|(?:想|要|准备|打算)" + G6 + "跳下去|"
         "活够了|(?:想|要)?(?:结束|了结)(?:这一切|一切)|结束(?:自己的?)?生命|了结(?:自己|生命|此生)|"
-        "不想(?:再)?醒(?:来|过来)|没有活下去|撑不下去了|想(?:要)?解脱|遗书|遗言",)),
+        "不想(?:再)?醒(?:来|过来)|没有活下去|撑不下去了|想(?:要)?解脱|遗书|遗言|活着(?:还)?有什么(?:意思|意义|用)|"
+        "(?:想|要)离开这个世界|没有我" + G4 + "(?:更好|轻松)",)),
     RedFlag("crisis", "plan_zh", (
         "(?:准备|攒|存|买)(?:好|了)?" + G4 + "(?:药|安眠药|绳子|木炭|炭|刀片)", "结束|了结|死|不想活|离开这个世界")),
     RedFlag("crisis", "self_harm_zh", ("割腕|自残|自伤|伤害自己(?!的?(?:身体|健康|胃|肝))",)),
@@ -166,7 +167,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bnot worth living|\bcan'?t go on\b|\bwish i (?:was|were) dead|\bwish i (?:wasn'?t|weren'?t) (?:alive|here|born)|"
         r"\bjump off (?:a|the) (?:bridge|building|roof)|\bend(?:ing)? it (?:all|tonight|today|now|soon)\b|"
         r"\b(?:saved up|stockpil\w*|hoard\w*|collect\w*)\b" + E15 + r"\b(?:pills|tablets|meds)|\bbetter off without me|"
-        r"\bif i (?:was|were) dead|\bif i (?:died|wasn'?t here)",)),
+        r"\bif i (?:was|were) dead|\bif i (?:died|wasn'?t here)|\b(?:want|wish|wanna) (?:to )?(?:just )?disappear|"
+        r"\bdisappear forever|\b(?:don'?t|do not|can'?t) see (?:the|any) point (?:in|of) (?:living|life|going on|being alive)|"
+        r"\bwhat'?s the point (?:of|in) (?:living|life|going on)",)),
     RedFlag("crisis", "self_harm_en", (
         r"\bself[- ]?harm\w*|\b(?:hurt|hurting|harm|harming|cut|cutting|burn|burning) myself\b",)),
 
@@ -241,7 +244,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("stroke", "face_en", (
         r"\b(?:face|mouth|smile|lip|eyelid)\b" + E15 + r"\b(?:droop\w*|sag\w*|lopsided|crooked|uneven|twisted|slack)\b|"
         r"\bone side of " + PERSON_EN + r" (?:face|mouth|body)\b|\b(?:drooping|droopy|crooked|lopsided)\s+(?:face|mouth|smile)|"
-        r"\bfacial (?:droop|weakness|paralysis)|\bbell'?s palsy",)),
+        r"\bfacial (?:droop|weakness|paralysis)|\bbell'?s palsy|\bdrool\w* (?:on|from|out of) one side|"
+        r"\bface (?:went|has gone|is|feels|suddenly went) numb",)),
     RedFlag("stroke", "arm_en", (
         SUDDEN_EN + E25 + r"\b(?:weak\w*|numb\w*|paraly\w*|limp|can'?t (?:lift|move|raise|feel))|"
         r"\b(?:can'?t|cannot|unable to) (?:lift|raise|move)\b" + E10 + r"\b(?:arm|arms|leg|hand|side)\b|"
@@ -337,7 +341,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:药|片|胶囊)|(?:药|片|胶囊)" + G4 + "(?:吃|吞|服)(?:了|下|掉)" + G2 + "(?:一|整|半|几|两|好几)(?:整)?(?:瓶|盒|板|把)|"
         "(?:吃|服|吞)(?:了|下|掉)" + G2 + "(?:\\d{2,}|十几|几十|二十|三十|四十|五十|一百|一大把|一把|一堆|过量|大量)(?:多)?(?:片|粒|颗)?|"
         "药(?:吃|服)(?:多|过量|重复|错|重)了|(?:吃|服)(?:多|错|重)了?药|吃药吃(?:多|错|重)了|(?:服|用)药过量|过量服(?:用|药)|"
-        "误服|误食|误吃|误喝|误饮|吃错了?药|"
+        "误服|误食|误吃|误喝|误饮|吃错了?药|吞(?:了|下)" + G4 + "(?:很多|好多|一大把|一把|一堆)?" + G2 + "(?:药|片|胶囊)|"
+        "(?:吃|服)(?:了|下)" + G2 + "(?:很多|好多|一大把|一把|一堆)(?:的)?(?:安眠药|镇静药|降糖药|降压药|止痛药|退烧药|抗抑郁药)|"
         "把" + G8 + "(?:药|片|胶囊)" + G3 + "(?:都|全|全部)?(?:吃|吞|喝)(?:了|掉|下)",)),
     RedFlag("poisoning", "chemical_zh", (
         "(?:喝|吃|服|吞|咽)(?:了|下|掉)?" + G4 + CHEMICAL_ZH + "|" +
