@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from safety.normalize import normalize
 
-__all__ = ["ScopeResult", "ScopeRule", "SCOPE_RULES", "DEPARTMENTS", "check_scope", "refer_reply"]
+__all__ = ["ScopeResult", "ScopeRule", "SCOPE_RULES", "DEPARTMENTS", "check_scope", "matching_rule", "refer_reply"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class ScopeResult:
             ``"stop_medicine"``, ``"report"`` or ``"price"``.
         reply: the refusal in the user's language (Simplified Chinese or
             English): why the bot cannot answer and which department or
-            professional to ask; under 200 characters.
+            professional to ask; at most 300 characters (far below WeChat's
+            2048-byte passive-reply limit).
     """
 
     reason: str
@@ -256,7 +257,7 @@ _REPLIES: dict[str, tuple[str, str]] = {
         "If it suddenly gets worse, get urgent care."),
     "dose": (
         "具体剂量我不能告诉您。合适的用量要看年龄、体重、肝肾功能和同时在吃的药，我没法了解这些，按规定AI也不能开药或定剂量。"
-        "请按医嘱或药品说明书使用，拿不准就问开药的医生或药店的执业药师；需要复诊可以去{dept}。",
+        "请按医嘱或药品说明书使用，拿不准就问开药的医生或药店的执业药师；需要复诊可以去{dept}看看。",
         "I can't give doses. The right amount depends on age, weight, kidney and liver function and other "
         "medicines, which I can't check. Please follow the label or your prescriber's instructions, and ask "
         "a pharmacist or {dept} if unsure."),

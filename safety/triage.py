@@ -46,7 +46,7 @@ from typing import Literal
 from bot.config import SafetyConfig
 from safety.normalize import normalize, to_user_script
 
-__all__ = ["TriageResult", "RedFlag", "RED_FLAGS", "triage", "emergency_reply", "crisis_reply",
+__all__ = ["TriageResult", "RedFlag", "RED_FLAGS", "triage", "match_red_flags", "emergency_reply", "crisis_reply",
            "HONG_KONG_EMERGENCY", "UK_HK_EMERGENCY_EN"]
 
 HONG_KONG_EMERGENCY = "999"

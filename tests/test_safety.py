@@ -215,6 +215,15 @@ def test_wellness_questions_pass_scope(text):
     assert check_scope(text, normalize(text).lang) is None
 
 
+def test_scope_replies_are_short_for_every_reason_and_department():
+    from safety.scope import DEPARTMENTS, refer_reply
+    for reason in ("diagnosis", "dose", "prescription", "stop_medicine", "report", "price"):
+        for lang in ("zh", "en"):
+            for pattern, _, _ in DEPARTMENTS + (("", "", ""),):
+                reply = refer_reply(reason, lang, pattern.split("|")[0])
+                assert len(reply) <= 300 and len(reply.encode("utf-8")) < WECHAT_MAX_BYTES
+
+
 def test_scope_replies_say_why_and_where():
     bp = check_scope("降压药能不能停", "zh")
     assert "心内科" in bp.reply and "医生" in bp.reply
