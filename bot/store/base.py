@@ -1,0 +1,58 @@
+"""The Store protocol: the few primitives every piece of shared state is built from."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+class StoreError(RuntimeError):
+    """The store is misconfigured or unreachable; the message says which and what to do."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Key/value state with TTLs, atomic claims, token buckets, locks and queues.
+
+    Every method is atomic with respect to other processes sharing the same
+    backend (SQLite file or Redis). Times are seconds; TTL None = no expiry.
+    """
+
+    async def get(self, key: str) -> str | None:
+        """The value, or None if absent or expired."""
+        ...
+
+    async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
+        """Store ``value`` under ``key`` (replacing any), expiring after ``ttl_s``."""
+        ...
+
+    async def set_if_absent(self, key: str, value: str, ttl_s: float | None = None) -> bool:
+        """Store only if ``key`` is absent or expired; True if this call stored it (a claim)."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key`` (no error if absent)."""
+        ...
+
+    async def delete_if_equal(self, key: str, value: str) -> bool:
+        """Remove ``key`` only if it holds ``value`` (lock release); True if removed."""
+        ...
+
+    async def take_token(self, key: str, rate_per_s: float, burst: int) -> bool:
+        """Token bucket (capacity ``burst``, refilled at ``rate_per_s``): True if a token was taken."""
+        ...
+
+    async def push(self, key: str, value: str, ttl_s: float | None = None) -> None:
+        """Append ``value`` to the list at ``key`` (FIFO); the list expires after ``ttl_s``."""
+        ...
+
+    async def pop_all(self, key: str) -> list[str]:
+        """Remove and return the whole list at ``key``, oldest first ([] if none)."""
+        ...
+
+    async def ping(self) -> bool:
+        """True if the backend answers (for /readyz)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
