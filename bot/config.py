@@ -129,11 +129,18 @@ class Config:
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     data_dir: str = "data"
+    #: ``sqlite:///path.db`` (default: ``<data_dir>/healthbot.db``), ``redis://host:port/db`` or ``memory://``.
+    store_url: str = ""
 
     def path(self, value: str) -> Path:
         """Resolve a configured path relative to the repository root."""
         p = Path(value)
         return p if p.is_absolute() else REPO_ROOT / p
+
+    @property
+    def effective_store_url(self) -> str:
+        """``store_url``, or the embedded default SQLite file under the data directory."""
+        return self.store_url or f"sqlite:///{self.path(self.data_dir) / 'healthbot.db'}"
 
     @property
     def engines_path(self) -> Path:
@@ -242,8 +249,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
             section, _, key = rest.partition("_")
             if section in sections and key:
                 _apply(cfg, section, key, value)
-            elif rest == "data_dir":
-                _apply(cfg, "", "data_dir", value)
+            elif rest in ("data_dir", "store_url"):
+                _apply(cfg, "", rest, value)
     for dotted, value in (overrides or {}).items():
         section, _, key = dotted.rpartition(".")
         _apply(cfg, section, key, value)
