@@ -604,10 +604,15 @@ _WHILE_WAITING = {
         "While you wait: press firmly on the wound with a clean cloth or pad and keep pressing without lifting it "
         "to look; raise the injured part if you can."),
     "poisoning": (
-        "等待时：不要自行催吐，也不要喂水喂东西；把药瓶、药盒或农药等包装带给医生看。如果是煤气（一氧化碳）：立即开窗通风，把人转移到空气新鲜处，不要开关电器、不要点火。",
+        "等待时：不要自行催吐，也不要喂水喂东西；把药瓶、药盒或农药等包装带给医生看；如果人叫不醒但有呼吸，让他侧躺。",
         "While you wait: don't make them vomit and don't give food or drink unless the emergency service tells you "
-        "to; keep the bottle, packet or container to show the doctors. For gas or carbon monoxide: open windows, get "
-        "everyone into fresh air and don't switch anything electrical on or off."),
+        "to; keep the bottle, packet or container to show the doctors; if they are drowsy but breathing, lay them "
+        "on their side."),
+    "gas": (
+        "等待时：立即打开门窗通风，把人转移到空气新鲜的地方；不要开关电灯电器、不要点火打电话（到室外再打）；如果叫不醒但有呼吸，让他侧躺。",
+        "While you wait: open doors and windows and get everyone into fresh air; don't switch anything electrical on "
+        "or off or light a flame (make the call from outside); if they are unresponsive but breathing, lay them on "
+        "their side."),
     "seizure": (
         "等待时：移开他身边的硬物，不要按住他的手脚，不要往嘴里塞任何东西；记下抽搐开始的时间；抽搐停止后让他侧躺，保持呼吸通畅。",
         "While you wait: move hard objects away, don't hold them down and put nothing in their mouth; note the time "
@@ -628,6 +633,9 @@ _WHILE_WAITING = {
         "While you wait: let them lie down and don't give food or drink; if they are still vomiting, turn them on "
         "their side so they don't choke; note the colour and amount to tell the doctors."),
 }
+
+# Gas and carbon monoxide get their own first aid (China CDC: ventilate, leave the room).
+_GAS = re.compile(r"煤气|一氧化碳|燃气|天然气|炭火|烧炭|煤炉|炭盆|\bcarbon monoxide|\bgas\b|\bco alarm")
 
 _HUMAN_OFFER = ("如需人工帮助，请回复“人工”。", 'Reply "human" to talk to a person.')
 
@@ -701,10 +709,15 @@ def triage(text: str, lang: str, cfg: SafetyConfig | None = None) -> TriageResul
     crisis = [h for h in hits if h.startswith("crisis.")]
     if emergencies:
         rule = emergencies[0]
-        reply = emergency_reply(rule.split(".")[0], lang, cfg, norm.variant)
+        category = rule.split(".")[0]
+        if category == "poisoning" and _GAS.search(norm.text):
+            category = "gas"
+        reply = emergency_reply(category, lang, cfg, norm.variant)
         if crisis:
-            reply += ("\n" + (f"心里很难受的话，也可以拨打心理援助热线{cfg.crisis_line_zh}。" if lang == "zh"
-                              else f"If you are struggling, you can also call {cfg.crisis_line_en}."))
+            line = (f"心里很难受的话，也可以拨打心理援助热线{cfg.crisis_line_zh}。" if lang == "zh"
+                    else f"If you are struggling, you can also call {cfg.crisis_line_en}.")
+            head, _, offer = reply.rpartition("\n")
+            reply = f"{head}\n{line}\n{offer}"
         kind = "emergency"
     else:
         rule, kind = crisis[0], "crisis"

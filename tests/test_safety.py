@@ -164,7 +164,7 @@ def test_stroke_reply_says_note_the_time_and_no_food_or_drink():
 
 
 def test_emergency_replies_give_no_medicine_and_fit_wechat():
-    for category in {f.category for f in RED_FLAGS} - {"crisis"}:
+    for category in ({f.category for f in RED_FLAGS} - {"crisis"}) | {"gas"}:
         for lang in ("zh", "en"):
             reply = emergency_reply(category, lang, CFG)
             assert len(reply.encode("utf-8")) < WECHAT_MAX_BYTES
@@ -177,6 +177,11 @@ def test_crisis_reply_names_12356_and_988():
     assert zh.kind == "crisis" and "12356" in zh.reply and "120" in zh.reply
     en = triage("I want to end my life", "en", CFG)
     assert en.kind == "crisis" and "988" in en.reply and "911" in en.reply
+
+
+def test_gas_poisoning_gets_ventilation_advice():
+    assert "通风" in triage("家里好像煤气中毒了，两个人头晕恶心", "zh", CFG).reply
+    assert "fresh air" in triage("the carbon monoxide alarm is going off and we have headaches", "en", CFG).reply
 
 
 def test_overdose_with_suicidal_words_is_an_emergency_with_crisis_line():
