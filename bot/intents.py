@@ -88,7 +88,7 @@ OFF_TOPIC_PATTERNS: tuple[str, ...] = (
     r"\bbasketball\b|\bscores?\b|\bnba\b|\bmatch result|\btravel\b|\bflights?\b|\bhotels?\b|\btourist\b|\bmovie\b|"
     r"\bsong\b|\bcapital of\b|\btranslate\b|\bwhat time is it\b|\bhoroscope\b|\bexchange rate\b|\bpoem\b|"
     r"\bstory\b|\blaptop\b|\bcomputer\b|\bphone\b|\belection\b|\bpresident\b|\bpolitic|\bbread\b|\bcake\b|"
-    r"\d+\s*(?:times|plus|minus|divided by|×|\*)\s*\d+",
+    r"(?<!\d)\d+\s*(?:times|plus|minus|divided by|×|\*)\s*\d+",
 )
 _OFF_TOPIC_RE = tuple(re.compile(p) for p in OFF_TOPIC_PATTERNS)
 

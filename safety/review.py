@@ -53,8 +53,8 @@ class ReviewResult:
     reasons: list[str] = field(default_factory=list)
 
 
-_NUM = r"(?:\d+(?:\.\d+)?(?:\s*[-~～到至]\s*\d+(?:\.\d+)?)?|[零一二两三四五六七八九十百千半]+(?:[到至][零一二两三四五六七八九十百千半]+)?)"
-_NUM_EN = r"(?:\d+(?:\.\d+)?(?:\s*(?:-|to)\s*\d+(?:\.\d+)?)?|one|two|three|four|half|a half|1/2)"
+_NUM = r"(?<![\d.])(?:\d+(?:\.\d+)?(?:\s*[-~～到至]\s*\d+(?:\.\d+)?)?|[零一二两三四五六七八九十百千半]+(?:[到至][零一二两三四五六七八九十百千半]+)?)"
+_NUM_EN = r"(?<![\d.])(?:\d+(?:\.\d+)?(?:\s*(?:-|to)\s*\d+(?:\.\d+)?)?|one|two|three|four|half|a half|1/2)"
 _PILL_ZH = "(?:片|粒|丸|胶囊|毫克|mg|微克|μg|µg|mcg|国际单位|单位|iu|滴|支)"
 _WEAK_UNIT_ZH = "(?:克|g|毫升|ml)"
 # Medicines (not nutrients: 钙, 叶酸, 维生素 amounts are dietary figures).

@@ -78,7 +78,7 @@ _REPORT_DOC_ZH = ("(?:验血|化验|(?<!做)体检报告|化验单|化验结果|
                   "肝功|肾功|甲功|血脂四项|生化(?!危机)|(?<![a-z])ct(?![a-z])|核磁|磁共振|mri|b超|彩超|心电图|胃镜|肠镜|病理|片子)")
 _REPORT_CUE_ZH = ("(?:什么意思|啥意思|正常吗|正不正常|严重吗|严不严重|要紧吗|有问题吗|说明什么|代表什么|怎么看|看不懂|帮我看|"
                   "帮忙看|解读|偏高|偏低|升高|降低|高了|低了|异常|箭头|阳性|阴性|↑|↓|\\d|我的|写着|显示|提示|结果|报告|说)")
-_NUM = r"\d+(?:\.\d+)?"
+_NUM = r"(?<![\d.])\d+(?:\.\d+)?"
 _NUM_ZH = "(?:\\d+(?:\\.\\d+)?|[一二两三四五六七八九十半]+)"
 # Foods counted in 片/粒 ("生姜每天吃几片", "每天吃几粒坚果"): not medicine doses.
 _FOOD_PIECES_ZH = "姜|面包|西瓜|苹果|柠檬|山楂|黄瓜|饼干|吐司|肉片|薯片|海苔|坚果|花生|核桃|红枣|枸杞|桂圆|莲子"
@@ -200,7 +200,7 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               r"\bdiagnos\w*|\b(?:mean|means|sign|signs) (?:that )?(?:i|he|she|my \w+) (?:have|has|might have|could have) "
               r"(?:a |an )?(?:cancer|tumou?r|something serious|leuka?emia|heart disease|dementia|parkinson'?s|ms)\b|"
               r"\bcould (?:it|this|these|that)(?: \w+){0,2} (?:be|mean) (?:cancer|a tumou?r|serious|something serious)|"
-              r"\S.{10,}\bwhat (?:is|could be|might be) (?:it|this|that)\s*\??\s*$|\bwhat could (?:it|this|that) be\b|"
+              r"(?<=\S.{10})\bwhat (?:is|could be|might be) (?:it|this|that)\s*\??\s*$|\bwhat could (?:it|this|that) be\b|"
               r"\bpretend (?:you(?:'re| are) )?(?:to be )?(?:a|my) doctor|\bact as (?:a|my) doctor"),
     ScopeRule("diagnosis", "roleplay_zh",
               "(?:假装|假设|你就当|当作|扮演)[^,.;!?，。；！？]{0,4}(?:你是|自己是)?[^,.;!?，。；！？]{0,2}医生"),

@@ -324,3 +324,13 @@ def test_to_user_script_converts_only_for_traditional_writers():
     assert to_user_script("头发很干", "hant") == "頭髮很乾"
     assert to_user_script("Drink water.", "hant") == "Drink water."
     assert to_user_script("里面", "hant", "tw") == "裡面"
+
+
+def test_long_messages_are_checked_quickly():
+    import time
+
+    from bot.intents import rule_intent
+    for text in ("1" * 4000, "每次" + "1" * 4000, "胸口" * 2000, "my chest " * 450, "how much " * 450):
+        start = time.perf_counter()
+        triage(text, "zh", CFG), check_scope(text, "zh"), review(text, "zh"), rule_intent(normalize(text))
+        assert time.perf_counter() - start < 1.0, text[:20]  # seconds; Telegram allows 4096 characters
