@@ -121,6 +121,15 @@ async def _eval(cfg: Config, args: argparse.Namespace) -> int:
 
     rows = read_labelled(Path(args.file))
     async with open_dispatcher(cfg) as dispatcher:
+        if args.compare:
+            from bot.evaluate import retrieval_accuracy
+            print("retrieval  top-1 topic (answer lines)  end-to-end intent  end-to-end topic")
+            for mode in ("bm25", "dense", "hybrid"):
+                dispatcher.retriever.mode = mode
+                top1 = await retrieval_accuracy(dispatcher.retriever, rows)
+                s = (await evaluate(dispatcher, rows, run=mode)).summary()
+                print(f"{mode:9}  {top1:28.1%}  {s['intent_accuracy']:17.1%}  {s['topic_accuracy']:16.1%}")
+            return 0
         res = await evaluate(dispatcher, rows)
     if args.json:
         print(json.dumps(res.summary(), ensure_ascii=False))
@@ -179,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--json", action="store_true")
     s.add_argument("--misses", action="store_true", help="print misclassified lines to stderr")
+    s.add_argument("--compare", action="store_true", help="compare BM25 alone, dense alone and hybrid retrieval")
     s = sub.add_parser("bench", help="encoder throughput and latency")
     s.add_argument("--json", action="store_true")
     s = sub.add_parser("kb", help="knowledge-base tools")

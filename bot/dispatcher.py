@@ -108,7 +108,7 @@ class Dispatcher:
             return Reply(intent_reply(Intent.GREETING, lang), Intent.GREETING, lang), {}
 
         def out(body: str, intent: Intent, **kw: Any) -> Reply:
-            return Reply(to_user_script(body, norm.script), intent, lang, **kw)
+            return Reply(to_user_script(body, norm.script, norm.variant), intent, lang, **kw)
 
         urgent = triage(norm.text, lang, self.cfg.safety)
         in_handoff = self.handoff.active(inbound.channel, inbound.user_id)

@@ -62,12 +62,16 @@ def read_labelled(path: Path) -> list[dict]:
     return rows
 
 
-async def evaluate(dispatcher: Dispatcher, rows: list[dict]) -> EvalResult:
-    """Run every labelled question through the dispatcher and score it."""
+async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> EvalResult:
+    """Run every labelled question through the dispatcher and score it.
+
+    ``run`` names the run; it keeps the message ids of repeated runs apart (the
+    dispatcher answers a repeated message id from its dedup cache).
+    """
     res = EvalResult()
     for i, row in enumerate(rows):
-        reply = await dispatcher.handle(Inbound(channel="eval", user_id=f"eval-{i}", chat_id=f"eval-{i}",
-                                                message_id=f"eval-{i}", kind=MessageKind.TEXT, text=row["q"],
+        reply = await dispatcher.handle(Inbound(channel="eval", user_id=f"eval-{run}-{i}", chat_id=f"eval-{run}-{i}",
+                                                message_id=f"eval-{run}-{i}", kind=MessageKind.TEXT, text=row["q"],
                                                 lang=None))
         got, want = reply.intent.value, row["intent"]
         res.total += 1
@@ -88,6 +92,18 @@ async def evaluate(dispatcher: Dispatcher, rows: list[dict]) -> EvalResult:
             res.misses.append({"q": row["q"], "want": want, "got": got, "want_topics": row.get("topics"),
                                "got_topic": reply.topic, "confidence": round(reply.confidence, 3)})
     return res
+
+
+async def retrieval_accuracy(retriever, rows: list[dict]) -> float:
+    """Share of ``answer`` lines whose top-1 retrieved topic is right (retrieval alone, no intents)."""
+    from bot.terms import canonical_terms
+    from safety.normalize import normalize
+    lines = [r for r in rows if r["intent"] == "answer"]
+    ok = 0
+    for row in lines:
+        found = await retriever.search(canonical_terms(normalize(row["q"]).text))
+        ok += found.matches[0].topic_id in row.get("topics", [])
+    return ok / len(lines) if lines else 0.0
 
 
 def format_report(res: EvalResult) -> str:

@@ -57,7 +57,7 @@ _GREETING_RE = re.compile(
 
 # Asking for a human. The bare words match only as the whole message.
 HANDOFF_PATTERNS: tuple[str, ...] = (
-    r"转人工|转接人工|人工客服|人工服务|人工坐席|接人工|(?<!需)要人工(?![\u4e00-\u9fff])|找人工(?![\u4e00-\u9fff])|我要人工|真人客服|找真人|和真人|跟真人|真人聊|"
+    r"转人工|转真人|转接人工|转接真人|人工客服|人工服务|人工坐席|接人工|(?<!需)要人工(?![\u4e00-\u9fff])|找人工(?![\u4e00-\u9fff])|我要人工|真人客服|找真人|和真人|跟真人|真人聊|"
     r"客服|人工在吗|有没有人工|有人工吗|找个人聊|找医生聊|真人回复|找个真人|有没有真人|真人在吗|投诉",
     r"\b(?:talk|speak|chat)\s+(?:to|with)\s+(?:a|an|some|the)?\s*(?:real\s+)?(?:person|human|agent|someone|somebody|"
     r"people|operator|staff|representative|nurse)\b|\bhuman agent\b|\breal person\b|\blive agent\b|\blive chat\b|"

@@ -110,6 +110,8 @@ class Retriever:
         self.vectors = vectors          # float32[M, D], one row per example question / title
         self.owners = owners            # int32[M], topic index of each row
         self.example_vectors = example_vectors  # kind -> float32[E, D]
+        #: "hybrid" (served), or "dense" / "bm25" alone for comparison (`healthbot eval --compare`)
+        self.mode = "hybrid"
         # rows of each topic, padded with -1 into int64[topics, most examples] for top-k
         counts = np.bincount(owners, minlength=len(self.topic_ids))
         self._rows = np.full((len(self.topic_ids), int(counts.max())), -1, dtype=np.int64)
@@ -173,7 +175,12 @@ class Retriever:
         per_topic = np.sort(sims[self._rows], axis=1)[:, ::-1]
         dense = per_topic[:, :DENSE_TOP_K].mean(axis=1)
         lexical = np.asarray(self.bm25.scores(tokenize(text)), dtype=np.float32)
-        hybrid = dense + LEXICAL_WEIGHT * lexical / (lexical + LEXICAL_SATURATION)
+        if self.mode == "dense":
+            hybrid = dense
+        elif self.mode == "bm25":
+            hybrid = lexical / (lexical + LEXICAL_SATURATION)
+        else:
+            hybrid = dense + LEXICAL_WEIGHT * lexical / (lexical + LEXICAL_SATURATION)
         return hybrid, dense, per_topic[:, 0], lexical
 
     async def search(self, text: str, k: int = 3, context: str | None = None) -> SearchResult:

@@ -60,7 +60,8 @@ YAO = "药(?!膳|材|酒|食同源|茶)"
 """药 as a medicine, not 药膳 (medicinal food) or 药材 (herbs) which the 养生 topics cover."""
 DRUG_ZH = ("(?:" + YAO + "|(?<![薯姜瓜面肉鱼菜叶])片|胶囊|冲剂|颗粒剂|(?<![肉鱼虾牛])丸|口服液|针剂|打针|注射|胰岛素|布洛芬|芬必得|对乙酰氨基酚|扑热息痛|泰诺|阿司匹林|他汀|"
            "二甲双胍|格列|硝苯地平|氨氯地平|缬沙坦|厄贝沙坦|美托洛尔|倍他乐克|华法林|氯吡格雷|激素|泼尼松|地塞米松|"
-           "褪黑素|安眠|头孢|阿莫西林|抗生素|消炎药|维生素|钙片|鱼油|叶酸|铁剂|中成药|汤药|膏方|保健品)")
+           "褪黑素|安眠|头孢|阿莫西林|抗生素|消炎药|感冒灵|感冒药|感冒冲剂|退烧药|止痛药|止咳药|止泻药|胃药|安眠药|"
+           "维生素|钙片|鱼油|叶酸|铁剂|中成药|汤药|膏方|保健品)")
 DRUG_EN = (r"(?:medicine|medication|meds|drugs?|pills?|tablets?|capsules?|dose|dosage|insulin|ibuprofen|advil|motrin|"
            r"paracetamol|acetaminophen|tylenol|aspirin|statins?|atorvastatin|simvastatin|metformin|amlodipine|lisinopril|"
            r"losartan|warfarin|clopidogrel|steroids?|prednisone|melatonin|sleeping pills?|antibiotics?|amoxicillin|"
@@ -85,7 +86,8 @@ _FOOD_PIECES_ZH = "姜|面包|西瓜|苹果|柠檬|山楂|黄瓜|饼干|吐司|�
 _PERSON_ZH = "(?:我|我妈|我爸|他|她|孩子|宝宝|老人|家人|老公|老婆|我家|这)"
 # Named diseases that "是不是X" asks about directly ("最近老忘事，是不是老年痴呆").
 _NAMED_DISEASE_ZH = ("(?:糖尿病|高血压|心脏病|冠心病|肝炎|乙肝|肺炎|结核|甲亢|甲减|抑郁症|焦虑症|老年痴呆|痴呆|阿尔茨海默|帕金森|"
-                     "白血病|胃炎|胃溃疡|肠炎|肾炎|结石|痛风|类风湿|癌症|肿瘤|颈椎病|腰椎间盘突出|前列腺炎|抑郁)")
+                     "白血病|胃炎|胃溃疡|肠炎|肾炎|结石|痛风|类风湿|癌症|肿瘤|颈椎病|腰椎间盘突出|前列腺炎|抑郁|"
+                     "贫血|低血糖|高血脂|脂肪肝|骨质疏松)")
 _DISEASE_ZH = ("(?:癌|肿瘤|瘤|糖尿病|高血压|心脏病|冠心病|肝炎|乙肝|肺炎|结核|甲亢|甲减|抑郁|焦虑症|老年痴呆|阿尔茨海默|帕金森|"
                "白血病|艾滋|梅毒|性病|hpv|胃炎|胃溃疡|肠炎|肾炎|结石|囊肿|结节|息肉|前列腺|红斑狼疮|类风湿|痛风|"
                "[^,.;!?，。；！？上火虚湿寒热燥]病|[^,.;!?，。；！？]症(?!状))")
@@ -100,7 +102,7 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               DRUG_ZH + "[^,.;!?，。；！？]{0,10}(?:能不能|可不可以|可以|能|要不要|是不是|该不该|想|打算)(?:自己|自行|直接|慢慢|先)?"
               "(?:停|停掉|停用|不吃|不用吃|减|减量|减半|换|加量|少吃|断|戒)"),
     ScopeRule("stop_medicine", "stop_question_zh",
-              "(?:能不能|可不可以|可以|能|是不是可以|要不要)(?:自己|自行|直接|慢慢|先)?(?:停|停掉|停了|不吃了|减量|减少|减半|换成|"
+              "(?:能不能|可不可以|可以|能|是不是可以|要不要)(?:自己|自行|直接|慢慢|先){0,2}(?:停|停掉|停了|不吃了|减量|减少|减半|换成|"
               "换别的|换一种|换个)|(?:不想|不愿意|不打算)(?:再)?(?:吃|用|打)[^,.;!?，。；！？]{0,2}" + DRUG_ZH +
               "(?![^,.;!?，。；！？]{0,4}(?:能靠|靠|怎么|调理|饮食|食疗|办法|方法|运动))|"
               "(?:能|可以)停(?:了)?吗|不(?:想)?吃(?:了)?(?:行不行|可以吗|行吗|可不可以)",
@@ -156,11 +158,16 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "推荐(?:点|个|一种|一下|几种|一款)?" + "[^,.;!?，。；！？]{0,6}" + YAO + "|有(?:什么|没有|啥)(?:特效)?" + YAO + "|"
               "(?:" + YAO + "|中药|中成药|西药)[^,.;!?，。；！？]{0,6}(?:推荐|介绍)|(?<![防])治[^,.;!?，。；！？]{0,6}(?:" + YAO + "|中药|中成药)|"
               "有没有(?![^,.;!?，。；！？]{0,4}(?:不吃|不用|不靠|除了))[^,.;!?，。；！？]{0,8}" + YAO),
+    ScopeRule("prescription", "can_i_take_medicine_zh",
+              "(?:能|可以|能不能|可不可以|敢)(?:吃|用|服|服用|喝|打)[^,.;!?，。；！？]{0,8}" + DRUG_ZH,
+              unless="维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"),
     ScopeRule("prescription", "combine_medicines_zh",
               DRUG_ZH + "[^,.;!?，。；！？]{0,8}(?:和|跟|与|加|同)[^,.;!?，。；！？]{0,4}" + DRUG_ZH +
               "[^,.;!?，。；！？]{0,8}(?:一起|同时|一块)?(?:吃|用|服)", unless="保健品"),
     ScopeRule("prescription", "prescribe_en",
-              r"\bprescri\w*|\b(?:which|what) (?:\w+ )?(?:medicine|medication|meds|drug|pills?|tablets?|antibiotics?|cream|"
+              r"\b(?:take|taking|mix|mixing|combine|combining|have|having)\b[^.?!]{0,30}\b(?:with|alongside|while on)\s+"
+              r"(?:my|his|her|their|the)\b[^.?!]{0,20}\b(?:meds|medications?|medicines?|pills|tablets|insulin|"
+              r"warfarin|statins?|blood thinners?)\b|\bprescri\w*|\b(?:which|what) (?:\w+ )?(?:medicine|medication|meds|drug|pills?|tablets?|antibiotics?|cream|"
               r"ointment|painkillers?|cough syrup|antihistamines?|inhaler)\b|"
               r"\bwhat (?:can|should) (?:i|he|she|we) (?:take|give (?:him|her|them))\b|\brecommend (?:a|some|any)?\s*"
               r"(?:medicine|medication|drug|pills?|antibiotic)|\bbest (?:medicine|medication|drug|pill)s? for\b|"
