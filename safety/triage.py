@@ -309,7 +309,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:喉咙|嗓子|舌头|嘴唇|眼皮|脸|面部|全身|浑身)" + G4 + "(?:肿|水肿|胀|风团|疹子|起包|荨麻疹)",
         "过敏|蛰|蜇|叮|咬|打针|输液|吃药后|吃了药|花生|海鲜|芒果|坚果|虾|蟹|菠萝|青霉素|头孢|突然")),
     RedFlag("anaphylaxis", "throat_en", (
-        r"\bthroat\b" + E25 + r"\b(?:closing|tight\w*|clos\w* up|swell\w* shut)|\btongue\b" + E10 + r"\b(?:swell\w*|swollen)|"
+        r"\bthroat\b" + _eg(40) + r"\b(?:closing|tight\w*|clos\w* up|swell\w* shut)|\btongue\b" + E10 + r"\b(?:swell\w*|swollen)|"
         r"\bswollen tongue|\banaphyla\w*|\bepi-?pen|\badrenaline (?:pen|auto)",)),
     RedFlag("anaphylaxis", "throat_swelling_en", (r"\bthroat\b" + E15 + r"\b(?:swell\w*|swollen)|\bswollen throat",),
             unless=r"\bsore throat|\btonsil|\bstrep\b|\bcold\b|\bflu\b"),
