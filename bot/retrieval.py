@@ -172,8 +172,8 @@ class Retriever:
     def _score(self, q: np.ndarray, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(hybrid, dense, best single cosine, BM25) per topic, each float32[topics]."""
         sims = np.append(self.vectors @ q, -1.0).astype(np.float32)  # index -1 = padding
-        per_topic = np.sort(sims[self._rows], axis=1)[:, ::-1]
-        dense = per_topic[:, :DENSE_TOP_K].mean(axis=1)
+        top = -np.partition(-sims[self._rows], DENSE_TOP_K - 1, axis=1)[:, :DENSE_TOP_K]
+        dense = top.mean(axis=1)
         lexical = np.asarray(self.bm25.scores(tokenize(text)), dtype=np.float32)
         if self.mode == "dense":
             hybrid = dense
@@ -181,7 +181,7 @@ class Retriever:
             hybrid = lexical / (lexical + LEXICAL_SATURATION)
         else:
             hybrid = dense + LEXICAL_WEIGHT * lexical / (lexical + LEXICAL_SATURATION)
-        return hybrid, dense, per_topic[:, 0], lexical
+        return hybrid, dense, top.max(axis=1), lexical
 
     async def search(self, text: str, k: int = 3, context: str | None = None) -> SearchResult:
         """Top-``k`` topics for a normalized question, best first.
