@@ -2,11 +2,12 @@
 
 Triton-style: every serving knob lives here with a documented default and is
 validated at start-up; no other module reads the environment. Secrets (WeChat
-token and AES key, Telegram token) come only from the environment.
+token, AES key and AppSecret, Telegram token) come only from the environment.
 
 Environment overrides: ``HEALTHBOT_<SECTION>_<KEY>`` (e.g.
 ``HEALTHBOT_INFERENCE_MAX_QUEUE_DELAY_MS=5``), plus the documented short names
-``HEALTHBOT_WECHAT_TOKEN``, ``HEALTHBOT_WECHAT_APPID``, ``HEALTHBOT_WECHAT_AES_KEY``.
+``HEALTHBOT_WECHAT_TOKEN``, ``HEALTHBOT_WECHAT_APPID``, ``HEALTHBOT_WECHAT_AES_KEY``,
+``HEALTHBOT_WECHAT_APPSECRET``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ class WechatConfig:
     ``reply_budget_s``: time the webhook waits for an answer before giving up on a
     passive reply; WeChat itself waits 5 s (see adapters/wechat_constants.py).
     ``timestamp_window_s``: requests whose ``timestamp`` is further from now are
-    rejected as replays.
+    rejected as replays. ``account_type``: ``service`` (late answers go out through
+    the customer-service API; needs ``appsecret``) or ``subscription`` (late answers
+    wait for the user's next message). ``appsecret``: for the server API (access
+    token), secret, only from ``HEALTHBOT_WECHAT_APPSECRET``. ``api_base``: server
+    API base URL (tests point it at a fake). ``kf_account``: customer-service
+    account (``name@wxid``) that handoffs go to; empty = any agent.
+    ``api_timeout_s``: per server-API call, seconds.
     """
 
     token: str = ""
@@ -52,6 +59,10 @@ class WechatConfig:
     account_type: str = "subscription"
     reply_budget_s: float = 4.0
     timestamp_window_s: int = 300
+    appsecret: str = ""
+    api_base: str = "https://api.weixin.qq.com"
+    kf_account: str = ""
+    api_timeout_s: float = 5.0
 
 
 @dataclass
@@ -155,12 +166,14 @@ _SECRET_ENV = {
     "HEALTHBOT_WECHAT_TOKEN": ("wechat", "token"),
     "HEALTHBOT_WECHAT_APPID": ("wechat", "appid"),
     "HEALTHBOT_WECHAT_AES_KEY": ("wechat", "aes_key"),
+    "HEALTHBOT_WECHAT_APPSECRET": ("wechat", "appsecret"),
     "HEALTHBOT_TELEGRAM_TOKEN": ("telegram", "token"),
     "HEALTHBOT_TELEGRAM_SECRET": ("telegram", "secret"),
     "HEALTHBOT_TELEGRAM_API_BASE": ("telegram", "api_base"),
     "HEALTHBOT_TELEGRAM_AGENT_CHAT": ("telegram", "agent_chat"),
 }
-_SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key"), ("telegram", "token"), ("telegram", "secret")}
+_SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key"), ("wechat", "appsecret"), ("telegram", "token"),
+                ("telegram", "secret")}
 
 
 def _coerce(section: str, key: str, current: Any, value: Any) -> Any:
