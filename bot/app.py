@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from adapters.http import setup_http
 from adapters.wechat import setup_wechat
 from bot.config import Config
 from bot.handoff import HandoffManager
+from bot.reload import watch_knowledge_base
 from bot.runtime import open_dispatcher
 
 CONFIG_KEY = web.AppKey("config", Config)
@@ -39,7 +42,12 @@ def create_app(cfg: Config) -> web.Application:
     async def lifecycle(app: web.Application):
         async with open_dispatcher(cfg, handoff) as real:
             dispatcher.target = real
+            watcher = None
+            if cfg.knowledge.reload_interval_s > 0:
+                watcher = asyncio.create_task(watch_knowledge_base(real, cfg.kb_path, cfg.knowledge.reload_interval_s))
             yield
+            if watcher is not None:
+                watcher.cancel()
             dispatcher.target = None
 
     app.cleanup_ctx.append(lifecycle)

@@ -112,10 +112,12 @@ class KnowledgeConfig:
 
     ``kb_dir``: folder of topic YAML files (default: the packaged ``bot/kb``).
     ``min_confidence``: below this calibrated confidence the intent is ``no_answer``.
+    ``reload_interval_s``: how often the server checks the files for edits (0 = never).
     """
 
     kb_dir: str = ""
     min_confidence: float = 0.5
+    reload_interval_s: float = 2.0
 
 
 @dataclass

@@ -137,10 +137,23 @@ class Retriever:
                     owners.append(i)
         return texts, owners
 
+    def known_vectors(self) -> dict[str, np.ndarray]:
+        """Every embedded text's vector, to rebuild after an edit without re-embedding it."""
+        texts, _ = self.example_texts(self.kb)
+        known = dict(zip(texts, self.vectors))
+        examples = yaml.safe_load(INTENT_EXAMPLES.read_text(encoding="utf-8"))
+        for kind, vectors in self.example_vectors.items():
+            known.update(zip(examples.get(kind, []), vectors))
+        return known
+
     @classmethod
     async def build(cls, kb: KnowledgeBase, encoder: TextEncoder, cache_dir: Path | None = None,
-                    model_digest: str = "") -> "Retriever":
-        """Embed the base's example questions (or load them from ``cache_dir``)."""
+                    model_digest: str = "", known: dict[str, np.ndarray] | None = None) -> "Retriever":
+        """Embed the base's example questions (or load them from ``cache_dir``).
+
+        ``known``: vectors already computed for some texts (a hot reload embeds only
+        the questions an edit added or changed).
+        """
         texts, owners = cls.example_texts(kb)
         examples = yaml.safe_load(INTENT_EXAMPLES.read_text(encoding="utf-8"))
         kinds = sorted(examples)
@@ -156,8 +169,11 @@ class Retriever:
             if vectors.shape[0] != len(texts):
                 vectors = None
         if vectors is None:
-            chunks = [await encoder.encode(texts[i:i + 64]) for i in range(0, len(texts), 64)]
-            vectors = np.concatenate(chunks).astype(np.float32)
+            known = dict(known or {})
+            missing = list(dict.fromkeys(t for t in texts if t not in known))
+            for i in range(0, len(missing), 64):
+                known.update(zip(missing[i:i + 64], await encoder.encode(missing[i:i + 64])))
+            vectors = np.stack([known[t] for t in texts]).astype(np.float32)
             if cache:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_suffix(".tmp.npy")
