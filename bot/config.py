@@ -28,11 +28,19 @@ class ConfigError(ValueError):
 
 @dataclass
 class ServerConfig:
-    """HTTP server. ``host``/``port``: listening address (loopback by default)."""
+    """HTTP server. ``host``/``port``: listening address (loopback by default).
+
+    ``shutdown_timeout_s``: bound on graceful shutdown, seconds from SIGTERM to exit
+    (stop accepting, finish in-flight replies, drain the batcher; bot/app.py
+    ``serve``). Keep it below the platform's kill delay (Kubernetes'
+    ``terminationGracePeriodSeconds`` defaults to 30 s, Docker's ``stop`` to 10 s);
+    the default 8 s fits Docker's and covers WeChat's 4 s ``reply_budget_s`` drain.
+    """
 
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 64 * 1024  # larger webhook bodies get 413
+    shutdown_timeout_s: float = 8.0
 
 
 @dataclass
@@ -219,6 +227,8 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"config key 'inference.{key}': must be >= 1")
     if inf.max_queue_delay_ms < 0 or inf.deadline_ms <= 0:
         raise ConfigError("config key 'inference.max_queue_delay_ms' must be >= 0 and 'inference.deadline_ms' > 0")
+    if cfg.server.shutdown_timeout_s <= 0:
+        raise ConfigError("config key 'server.shutdown_timeout_s': must be > 0 seconds")
     if not 0.0 < cfg.wechat.reply_budget_s < 5.0:
         raise ConfigError("config key 'wechat.reply_budget_s': must be between 0 and 5 s (WeChat waits 5 s)")
     if not 0.0 <= cfg.knowledge.min_confidence <= 1.0:
