@@ -23,7 +23,7 @@ import structlog
 from bot.config import Config
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
-from bot.intents import intent_reply, rule_intent, unsupported_reply
+from bot.intents import abuse_reply, intent_reply, is_abuse, rule_intent, unsupported_reply
 from bot.knowledge import KnowledgeBase
 from bot.retrieval import Retriever
 from bot.session import Sessions, is_follow_up
@@ -121,6 +121,8 @@ class Dispatcher:
         if urgent is not None:
             return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind}
         intent = rule_intent(norm)
+        if intent is None and is_abuse(norm):
+            return out(abuse_reply(lang), Intent.OUT_OF_SCOPE), {"rule": "abuse"}
         if intent is Intent.HANDOFF:
             await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
         if intent is not None:

@@ -211,3 +211,32 @@ def unsupported_reply(lang: str) -> str:
     if lang == "zh":
         return "我暂时只能看懂文字，请用文字描述您的问题，比如“最近总是失眠怎么办”。"
     return 'I can only read text for now. Please type your question, for example "How can I sleep better?"'
+
+
+#: Insults and swearing aimed at the bot (Simplified after normalization; English lowercase).
+ABUSE_WORDS = re.compile(
+    r"蠢|笨蛋|傻[逼瓜子x]|sb|智障|白痴|弱智|垃圾|废物|破机器人|烂机器人|滚|去死|闭嘴|有病吧|脑残|他妈的|tmd|nmsl|"
+    r"\b(?:stupid|idiot|useless|dumb|moron|shut up|fuck\w*|f\*+k|shit|crap|trash|garbage|suck|sucks)\b")
+#: Words left after removing the insult that still make a question ("你真笨，我失眠怎么办").
+_ABUSE_FILLER = re.compile(r"[你这个机器人真是太了吧啊呀的就是个简直]|\b(?:you|are|so|this|bot|is|a|an|such|really|the)\b|[\s,.!?，。！？~～]")
+
+
+def is_abuse(norm: Normalized) -> bool:
+    """True when the message is only an insult (no question left once the insult is removed)."""
+    text = norm.text.strip().lower()
+    if not ABUSE_WORDS.search(text):
+        return False
+    rest = _ABUSE_FILLER.sub("", ABUSE_WORDS.sub("", text))
+    return len(rest) <= 4
+
+
+ABUSE_REPLY = {
+    "zh": "抱歉没能帮上您，让您着急了。您可以换个说法再描述一下身体哪里不舒服，我尽力解答；也可以回复“人工”找工作人员。",
+    "en": "I'm sorry I haven't been helpful. You could describe what's bothering you in another way and I'll do my best, "
+          "or reply \"human\" to reach a person.",
+}
+
+
+def abuse_reply(lang: str) -> str:
+    """A calm reply to an insult: apologise, invite a rephrase, offer a human."""
+    return ABUSE_REPLY.get(lang, ABUSE_REPLY["zh"])

@@ -141,14 +141,14 @@ def to_user_script(text: str, script: str, variant: str = "") -> str:
         text: reply text in Simplified Chinese (English passes through unchanged).
         script: :attr:`Normalized.script`; only ``"hant"`` converts.
         variant: :attr:`Normalized.variant`: ``"hk"`` → OpenCC ``s2hk``,
-            ``"tw"`` → ``s2tw``, otherwise ``s2t`` (OpenCC standard Traditional).
+            otherwise ``s2tw`` (Taiwan standard: OpenCC's plain ``s2t`` writes archaic forms such as 喫).
 
     Returns:
         The text, converted when the user wrote Traditional.
     """
     if script != "hant" or not text:
         return text
-    config = {"hk": "s2hk", "tw": "s2tw"}.get(variant, "s2t")
+    config = {"hk": "s2hk"}.get(variant, "s2tw")  # s2t would write 喫 for 吃, which no reader uses
     return _converter(config).convert(text)
 
 
