@@ -20,11 +20,13 @@ from typing import Any
 
 import structlog
 
+from bot import metrics
 from bot.config import Config
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
 from bot.intents import abuse_reply, intent_reply, is_abuse, rule_intent, unsupported_reply
 from bot.knowledge import KnowledgeBase
+from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
 from bot.session import Sessions, is_follow_up
 from bot.terms import canonical_terms
@@ -73,22 +75,59 @@ class Dispatcher:
         """The reply to ``inbound``; a retried message returns the first computation's reply.
 
         Never raises for bad input or an overloaded pool: those become polite replies.
+        A retry answered from the dedup cache (``self.once.hits``) counts in
+        ``healthbot_dedup_hits_total``.
         """
-        return await self.once.run((inbound.channel, inbound.message_id), lambda: self._timed(inbound))
+        computed = False
+
+        def compute():
+            nonlocal computed
+            computed = True
+            return self._timed(inbound)
+
+        try:
+            return await self.once.run((inbound.channel, inbound.message_id), compute)
+        finally:
+            if not computed:  # exactly the calls self.once.hits counts
+                metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
 
     async def _timed(self, inbound: Inbound) -> Reply:
-        start = time.perf_counter()
-        reply, extra = await self._decide(inbound)
-        latency_ms = (time.perf_counter() - start) * 1000.0
-        reply = Reply(**{**reply.__dict__, "latency_ms": latency_ms})
-        if inbound.kind is MessageKind.TEXT and inbound.text:
-            self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
-            if reply.text:
-                self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", reply.text)
-        log.info("reply", channel=inbound.channel, user=mask_pii(inbound.user_id), message_id=inbound.message_id,
-                 intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
-                 engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2), **extra)
-        return reply
+        """``_decide`` plus one log line and the request metrics (bot/metrics.py) per computed message.
+
+        The line (event ``reply``) carries ``request_id`` (bound here when the channel
+        bound none), channel, intent, topic, confidence, engine, input length in
+        characters, latency in ms, outcome and the decision's details; bot/logs.py masks
+        personal data in it.
+        """
+        with ensure_request_id():
+            metrics.REQUESTS_IN_FLIGHT.inc()
+            start = time.perf_counter()
+            try:
+                reply, extra = await self._decide(inbound)
+            except Exception as exc:
+                latency_s = time.perf_counter() - start
+                metrics.observe_request(inbound.channel, "error", latency_s)
+                log.error("reply", channel=inbound.channel, user=mask_pii(inbound.user_id),
+                          message_id=inbound.message_id, input_chars=len(inbound.text),
+                          latency_ms=round(latency_s * 1000.0, 2), outcome="error", error=type(exc).__name__)
+                raise
+            finally:
+                metrics.REQUESTS_IN_FLIGHT.dec()
+            latency_s = time.perf_counter() - start
+            latency_ms = latency_s * 1000.0
+            reply = Reply(**{**reply.__dict__, "latency_ms": latency_ms})
+            outcome = metrics.request_outcome(reply.intent.value, extra)
+            metrics.observe_request(inbound.channel, outcome, latency_s)
+            metrics.record_safety(reply.intent.value, extra)
+            if inbound.kind is MessageKind.TEXT and inbound.text:
+                self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
+                if reply.text:
+                    self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", reply.text)
+            log.info("reply", channel=inbound.channel, user=mask_pii(inbound.user_id), message_id=inbound.message_id,
+                     intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
+                     engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2),
+                     outcome=outcome, **extra)
+            return reply
 
     async def _decide(self, inbound: Inbound) -> tuple[Reply, dict[str, Any]]:
         text = inbound.text or ""
@@ -101,6 +140,10 @@ class Dispatcher:
         if inbound.kind is MessageKind.EVENT:
             return Reply("", Intent.SYSTEM, lang), {}
         if inbound.kind is MessageKind.UNSUPPORTED:
+            in_handoff = self.handoff.active(inbound.channel, inbound.user_id)
+            if in_handoff is not None:  # agents see that something was sent; the bot stays silent
+                await self.handoff.user_message(in_handoff, f"[{inbound.raw.get('type') or 'attachment'}]")
+                return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
             if inbound.raw.get("type") == "voice":
                 return Reply(VOICE_OFF_REPLY[lang], Intent.SYSTEM, lang), {"unsupported": "voice"}
             return Reply(unsupported_reply(lang), Intent.SYSTEM, lang), {"unsupported": inbound.raw.get("type")}
