@@ -1,0 +1,256 @@
+"""Every Prometheus metric of healthbot, defined once, with its help text and units.
+
+ARCHITECTURE.md, "Operations". The metrics live on :data:`REGISTRY`, a registry the
+application owns (not prometheus-client's process-global default one, which
+libraries may also write to); ``GET /metrics`` (bot/app.py) serves exactly this
+registry in the Prometheus text format. Names follow the Prometheus naming
+guide (https://prometheus.io/docs/practices/naming/): a ``healthbot_`` prefix,
+base units (seconds, not ms), ``_total`` on counters (prometheus-client adds it).
+
+Where each metric is recorded — at the exact point the event happens, as
+text-embeddings-inference records its queue metrics (STYLE.md):
+
+==================================================  ==========================================
+metric                                              recorded in
+==================================================  ==========================================
+``healthbot_request_latency_seconds{channel,outcome}``  ``Dispatcher._timed``, once per computed message
+``healthbot_requests_in_flight``                    ``Dispatcher._timed`` (entry / exit)
+``healthbot_dedup_hits_total{channel}``             ``Dispatcher.handle``: a retry answered from the dedup cache
+``healthbot_safety_outcomes_total{outcome,rule}``   ``Dispatcher._timed``, from the decision's ``extra`` dict
+``healthbot_inference_queue_seconds``               ``DynamicBatcher._run``: enqueue → batch start, per window
+``healthbot_inference_batch_size``                  ``DynamicBatcher._run``: windows per batch
+``healthbot_inference_batch_tokens``                ``DynamicBatcher._run``: padded tokens (longest × size)
+``healthbot_inference_pending``                     ``DynamicBatcher``: +n on enqueue, −n when taken or dropped
+``healthbot_inference_dropped_total{reason}``       ``DynamicBatcher``: busy, closed, expired, cancelled, failed
+``healthbot_inference_engine_seconds{engine}``      ``InferencePool.run_batch``: time inside the engine per batch
+``healthbot_inference_workers{engine}``             ``InferencePool.start`` / ``close``
+``healthbot_engine_fallbacks_total{from_engine,to_engine}``  ``inference.manager``: an engine skipped for a later one
+``healthbot_engine_circuit_state{engine}``          ``inference.manager``: 0 closed, 1 open, 2 half-open
+``healthbot_wechat_token_refreshes_total``          the WeChat access_token manager, per token fetched
+``healthbot_wechat_api_errors_total{code}``         the WeChat API client, per failed call
+``healthbot_telegram_retry_after_total{method}``    ``TelegramSender.call``: each 429 RetryAfter received
+==================================================  ==========================================
+
+Plus ``process_*`` (CPU seconds, resident memory bytes, open fds, start time) from
+prometheus-client's process collector.
+
+Labels only take values from closed sets (channel names, intents, rule names
+from the safety tables, engine names, API error codes), never user text or ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+__all__ = [
+    "REGISTRY", "CONTENT_TYPE", "render",
+    "REQUEST_LATENCY", "REQUESTS_IN_FLIGHT", "DEDUP_HITS", "SAFETY_OUTCOMES",
+    "INFERENCE_QUEUE_TIME", "INFERENCE_BATCH_SIZE", "INFERENCE_BATCH_TOKENS", "INFERENCE_PENDING",
+    "INFERENCE_DROPPED", "INFERENCE_ENGINE_TIME", "INFERENCE_WORKERS", "ENGINE_FALLBACKS", "ENGINE_CIRCUIT_STATE",
+    "WECHAT_TOKEN_REFRESHES", "WECHAT_API_ERRORS", "TELEGRAM_RETRY_AFTER",
+    "CircuitState", "request_outcome", "observe_request", "record_safety", "record_fallback",
+    "set_circuit_state",
+]
+
+REGISTRY: Final = CollectorRegistry(auto_describe=True)
+"""The application's registry: every metric below, and the process collector."""
+
+ProcessCollector(registry=REGISTRY)
+
+CONTENT_TYPE: Final[str] = CONTENT_TYPE_LATEST
+"""``Content-Type`` of :func:`render`'s output (Prometheus text format 0.0.4)."""
+
+CHANNELS: Final[tuple[str, ...]] = ("wechat", "telegram", "http")
+"""Channels whose counters are created at zero, so ``rate()`` sees them from the start."""
+
+# ---------------------------------------------------------------- buckets
+
+#: Request latency buckets, seconds. Dense below 0.1 s (a CPU answer takes tens of
+#: ms); 4 s is ``wechat.reply_budget_s`` and 5 s WeChat's own deadline
+#: (adapters/wechat_constants.REPLY_DEADLINE_S), so a bucket edge sits on each.
+REQUEST_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 10.0)
+
+#: Inference queue-time buckets, seconds: 0.5 ms … 2 s (``inference.deadline_ms`` default).
+#: ``inference.max_queue_delay_ms`` (default 10 ms) is the edge of interest.
+QUEUE_BUCKETS_S: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+
+#: Engine time per batch, seconds: sub-ms GPU batches to 1 s CPU batches of 512 tokens.
+ENGINE_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+#: Windows per batch: powers of two up to 128 (``inference.max_batch_size`` default 32).
+BATCH_SIZE_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128)
+
+#: Padded tokens per batch: 16 (one short query) … 16384 (twice ``inference.max_batch_tokens``).
+BATCH_TOKEN_BUCKETS: Final = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+# ---------------------------------------------------------------- requests
+
+REQUEST_LATENCY: Final = Histogram(
+    "healthbot_request_latency_seconds",
+    "Time from the dispatcher taking a message to its reply being decided, seconds; by channel "
+    "(wechat, telegram, http, cli) and outcome (the reply's intent: answer, emergency, refer_doctor, "
+    "out_of_scope, greeting, handoff, no_answer, system; or busy when the inference pool was overloaded, "
+    "error when the dispatcher raised). Retries answered from the dedup cache are not observed.",
+    ["channel", "outcome"], buckets=REQUEST_BUCKETS_S, registry=REGISTRY)
+
+REQUESTS_IN_FLIGHT: Final = Gauge(
+    "healthbot_requests_in_flight",
+    "Messages being decided by the dispatcher right now (graceful shutdown waits for these).",
+    registry=REGISTRY)
+
+DEDUP_HITS: Final = Counter(
+    "healthbot_dedup_hits",
+    "Channel re-deliveries of a message (same channel and message id) answered with the first "
+    "delivery's reply instead of being computed again (bot/dedup.py), by channel.",
+    ["channel"], registry=REGISTRY)
+
+SAFETY_OUTCOMES: Final = Counter(
+    "healthbot_safety_outcomes",
+    "Safety decisions, by outcome and rule: emergency and crisis (safety.triage red-flag rule, e.g. "
+    "cardiac.chest_pain, crisis.plan), refer_doctor (safety.scope reason: diagnosis, dose, prescription, "
+    "stop_medicine, report), review_blocked (safety.review reason:rule that replaced an answer).",
+    ["outcome", "rule"], registry=REGISTRY)
+
+# ---------------------------------------------------------------- inference
+
+INFERENCE_QUEUE_TIME: Final = Histogram(
+    "healthbot_inference_queue_seconds",
+    "Time a token window waited in the dynamic batcher, from submit to the start of its batch, seconds.",
+    buckets=QUEUE_BUCKETS_S, registry=REGISTRY)
+
+INFERENCE_BATCH_SIZE: Final = Histogram(
+    "healthbot_inference_batch_size",
+    "Token windows per batch handed to the inference pool (dimensionless count).",
+    buckets=BATCH_SIZE_BUCKETS, registry=REGISTRY)
+
+INFERENCE_BATCH_TOKENS: Final = Histogram(
+    "healthbot_inference_batch_tokens",
+    "Padded tokens per batch: longest window × windows, the batcher's token-budget cost (tokens).",
+    buckets=BATCH_TOKEN_BUCKETS, registry=REGISTRY)
+
+INFERENCE_PENDING: Final = Gauge(
+    "healthbot_inference_pending",
+    "Token windows queued in the dynamic batcher and not yet taken into a batch "
+    "(submits fail with busy beyond inference.max_queue_size).",
+    registry=REGISTRY)
+
+INFERENCE_DROPPED: Final = Counter(
+    "healthbot_inference_dropped",
+    "Token windows not computed, by reason: busy (queue full), closed (shutting down), expired "
+    "(deadline passed before the result), cancelled (caller went away), failed (the batch raised).",
+    ["reason"], registry=REGISTRY)
+
+INFERENCE_ENGINE_TIME: Final = Histogram(
+    "healthbot_inference_engine_seconds",
+    "Time one batch spent in the engine (padding and engine.infer on the worker thread), seconds, by engine.",
+    ["engine"], buckets=ENGINE_BUCKETS_S, registry=REGISTRY)
+
+INFERENCE_WORKERS: Final = Gauge(
+    "healthbot_inference_workers",
+    "Inference pool workers running, by engine: the engine in use is the one with a non-zero value.",
+    ["engine"], registry=REGISTRY)
+
+ENGINE_FALLBACKS: Final = Counter(
+    "healthbot_engine_fallbacks",
+    "Times an engine earlier in inference.engine_order was passed over for a later one (it failed to load "
+    "at start-up, or failed at run time), by the engine left and the engine used instead (none: no engine).",
+    ["from_engine", "to_engine"], registry=REGISTRY)
+
+ENGINE_CIRCUIT_STATE: Final = Gauge(
+    "healthbot_engine_circuit_state",
+    "Circuit state per engine: 0 closed (serving), 1 open (failed: no traffic sent to it), "
+    "2 half-open (being retried).",
+    ["engine"], registry=REGISTRY)
+
+# ---------------------------------------------------------------- channels
+
+WECHAT_TOKEN_REFRESHES: Final = Counter(
+    "healthbot_wechat_token_refreshes",
+    "WeChat access_token fetches that succeeded (cgi-bin/token or stable_token; the token lives 7200 s, "
+    "adapters/wechat_constants.ACCESS_TOKEN_TTL_S).",
+    registry=REGISTRY)
+
+WECHAT_API_ERRORS: Final = Counter(
+    "healthbot_wechat_api_errors",
+    "WeChat API calls that failed, by code: the errcode WeChat returned (e.g. 40001 invalid token, "
+    "42001 token expired, 45009 quota), http_<status> for a non-200 answer, network when no answer came.",
+    ["code"], registry=REGISTRY)
+
+TELEGRAM_RETRY_AFTER: Final = Counter(
+    "healthbot_telegram_retry_after",
+    "Telegram Bot API answers of 429 Too Many Requests (RetryAfter, flood control), by Bot API method.",
+    ["method"], registry=REGISTRY)
+
+# Known label values start at zero (Prometheus "avoid missing metrics").
+for _channel in CHANNELS:
+    DEDUP_HITS.labels(channel=_channel)
+for _reason in ("busy", "closed", "expired", "cancelled", "failed"):
+    INFERENCE_DROPPED.labels(reason=_reason)
+
+
+class CircuitState:
+    """Values of ``healthbot_engine_circuit_state``."""
+
+    CLOSED: Final = 0
+    OPEN: Final = 1
+    HALF_OPEN: Final = 2
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def render() -> bytes:
+    """:data:`REGISTRY` in the Prometheus text exposition format (``Content-Type`` :data:`CONTENT_TYPE`)."""
+    return generate_latest(REGISTRY)
+
+
+def request_outcome(intent: str | None, extra: Mapping[str, Any] | None = None) -> str:
+    """The ``outcome`` label and log field of one request.
+
+    Args:
+        intent: the reply's intent value (``"answer"`` …), or None when the dispatcher raised.
+        extra: the dispatcher's decision details; an ``error`` of ``BusyError`` or
+            ``DeadlineExceeded`` means the inference pool was overloaded.
+
+    Returns:
+        ``"error"``, ``"busy"``, or the intent value.
+    """
+    if intent is None:
+        return "error"
+    if extra and extra.get("error") in ("BusyError", "BatcherClosed", "DeadlineExceeded"):
+        return "busy"
+    return intent
+
+
+def observe_request(channel: str, outcome: str, seconds: float) -> None:
+    """Record one decided message: ``seconds`` from the dispatcher taking it to its reply."""
+    REQUEST_LATENCY.labels(channel=channel, outcome=outcome).observe(seconds)
+
+
+def record_safety(intent: str, extra: Mapping[str, Any]) -> None:
+    """Count the safety decision in ``extra`` (the dispatcher's details) for a reply of ``intent``.
+
+    ``emergency`` replies carry ``kind`` (emergency | crisis) and ``rule`` (safety.triage);
+    ``refer_doctor`` replies carry ``rule`` (the safety.scope reason); answers replaced by
+    safety.review carry ``review_blocked`` (a list of ``reason:rule``). Anything else
+    records nothing.
+    """
+    if intent == "emergency" and extra.get("rule"):
+        SAFETY_OUTCOMES.labels(outcome=str(extra.get("kind") or "emergency"), rule=str(extra["rule"])).inc()
+    elif intent == "refer_doctor" and extra.get("rule"):
+        SAFETY_OUTCOMES.labels(outcome="refer_doctor", rule=str(extra["rule"])).inc()
+    for reason in extra.get("review_blocked") or ():
+        SAFETY_OUTCOMES.labels(outcome="review_blocked", rule=str(reason)).inc()
+
+
+def record_fallback(from_engine: str, to_engine: str | None) -> None:
+    """Count one fallback from ``from_engine`` to ``to_engine`` (None: no engine left)."""
+    ENGINE_FALLBACKS.labels(from_engine=from_engine, to_engine=to_engine or "none").inc()
+
+
+def set_circuit_state(engine: str, state: int) -> None:
+    """Set ``engine``'s circuit to ``state`` (a :class:`CircuitState` value)."""
+    ENGINE_CIRCUIT_STATE.labels(engine=engine).set(state)
