@@ -35,6 +35,8 @@ from typing import Awaitable, Callable, Sequence
 import numpy as np
 import structlog
 
+from bot import metrics
+
 log = structlog.get_logger("healthbot.inference.batcher")
 
 #: Sequence-length buckets (tokens, specials included). Powers of two up to BERT's
@@ -142,7 +144,9 @@ class DynamicBatcher:
         buckets: ascending sequence-length buckets in tokens.
 
     Start-up is lazy (the loop task starts on the first submit); :meth:`close`
-    drains. ``stats`` (:class:`BatcherStats`) and :attr:`pending` are for metrics.
+    drains. ``stats`` (:class:`BatcherStats`) and :attr:`pending` are for tests and
+    the bench; the Prometheus metrics (bot/metrics.py: queue time, batch size and
+    tokens, pending windows, dropped windows) are recorded where each event happens.
     """
 
     def __init__(self, run_batch: RunBatch, *, max_batch_size: int = 32, max_batch_tokens: int = 8192,
@@ -216,9 +220,11 @@ class DynamicBatcher:
             bucket_for(len(w), self.buckets)
         if self._closing:
             self.stats.rejected_busy += len(windows)
+            metrics.INFERENCE_DROPPED.labels(reason="closed").inc(len(windows))
             raise BatcherClosed("inference batcher is shutting down: retry on another replica or after restart")
         if self._pending + len(windows) > self.max_queue_size:
             self.stats.rejected_busy += len(windows)
+            metrics.INFERENCE_DROPPED.labels(reason="busy").inc(len(windows))
             raise BusyError(f"inference queue full ({self._pending} of {self.max_queue_size} pending, "
                             f"{len(windows)} more asked): busy, try again in a moment "
                             "(or raise inference.max_queue_size / add workers)")
@@ -231,6 +237,7 @@ class DynamicBatcher:
         for e in entries:
             self._queues[e.bucket].append(e)
         self._pending += len(entries)
+        metrics.INFERENCE_PENDING.inc(len(entries))
         self._wakeup.set()
         futures = [e.future for e in entries]
         expired = False
@@ -248,6 +255,8 @@ class DynamicBatcher:
                 self.stats.expired += dropped
             else:
                 self.stats.cancelled += dropped
+            if dropped:
+                metrics.INFERENCE_DROPPED.labels(reason="expired" if expired else "cancelled").inc(dropped)
             for f in futures:
                 f.cancel()
         return np.stack(rows)
@@ -261,6 +270,7 @@ class DynamicBatcher:
                 e.taken = True
                 n += 1
         self._pending -= n
+        metrics.INFERENCE_PENDING.dec(n)
         return n
 
     # -------------------------------------------------------------- lifecycle
@@ -308,6 +318,8 @@ class DynamicBatcher:
             e.taken = True
             self._pending -= 1
             self.stats.expired += 1
+            metrics.INFERENCE_PENDING.dec()
+            metrics.INFERENCE_DROPPED.labels(reason="expired").inc()
             if not e.future.done():
                 e.future.set_exception(DeadlineExceeded("inference request expired in the queue"))
 
@@ -346,6 +358,7 @@ class DynamicBatcher:
                     for e in batch:
                         e.taken = True
                     self._pending -= n
+                    metrics.INFERENCE_PENDING.dec(n)
                     return batch
             # Nothing ready: wait for more requests or the oldest batch's delay bound.
             wake_at = heads[0][0].enqueued + delay_s
@@ -365,10 +378,13 @@ class DynamicBatcher:
             st.requests_run += len(batch)
             st.batch_size_counts[len(batch)] += 1
             st.batch_tokens_total += longest * len(batch)
+            metrics.INFERENCE_BATCH_SIZE.observe(len(batch))
+            metrics.INFERENCE_BATCH_TOKENS.observe(longest * len(batch))
             for e in batch:
                 waited = (now - e.enqueued) * 1000.0
                 st.queue_time_ms_total += waited
                 st.queue_time_ms_max = max(st.queue_time_ms_max, waited)
+                metrics.INFERENCE_QUEUE_TIME.observe(waited / 1000.0)
             try:
                 out = await self._run_batch([list(e.window) for e in batch])
                 if out.shape[0] != len(batch):
@@ -376,6 +392,7 @@ class DynamicBatcher:
             except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
                 log.warning("inference_batch_failed", size=len(batch), error=str(exc))
                 st.failed += len(batch)
+                metrics.INFERENCE_DROPPED.labels(reason="failed").inc(len(batch))
                 for e in batch:
                     if not e.future.done():
                         e.future.set_exception(exc)
