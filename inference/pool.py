@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import structlog
 
+from bot import metrics
 from inference.engines.base import Engine, EngineError
 
 log = structlog.get_logger("healthbot.inference.pool")
@@ -57,7 +58,9 @@ class InferencePool:
     Build with :meth:`start` (engines are created on their worker threads).
     Attributes ``engine_name``, ``dim``, ``max_batch_size``, ``max_seq_len`` come
     from the engines; ``workers`` is N; ``batches_run`` and ``infer_ms_total``
-    (ms spent inside ``engine.infer``) are for metrics.
+    (ms spent inside ``engine.infer``) are for the bench. Prometheus
+    (bot/metrics.py): ``healthbot_inference_engine_seconds{engine}`` per batch,
+    measured on the worker thread, and ``healthbot_inference_workers{engine}``.
     """
 
     def __init__(self, workers: list[_Worker], pad_id: int) -> None:
@@ -75,6 +78,7 @@ class InferencePool:
         self.batches_run = 0
         self.infer_ms_total = 0.0
         self._closed = False
+        metrics.INFERENCE_WORKERS.labels(engine=self.engine_name).inc(self.workers)
 
     @classmethod
     async def start(cls, engine_factory: EngineFactory, workers: int, pad_id: int) -> InferencePool:
@@ -136,11 +140,14 @@ class InferencePool:
             self._idle.put_nowait(worker)
 
     def _infer_on_worker(self, engine: Engine, windows: list[list[int]]) -> np.ndarray:
+        t0 = time.perf_counter()
         outs = []
         for start in range(0, len(windows), self.max_batch_size):
             ids, mask = pad_batch(windows[start:start + self.max_batch_size], self.pad_id)
             outs.append(engine.infer(ids, mask))
-        return outs[0] if len(outs) == 1 else np.concatenate(outs)
+        out = outs[0] if len(outs) == 1 else np.concatenate(outs)
+        metrics.INFERENCE_ENGINE_TIME.labels(engine=engine.name).observe(time.perf_counter() - t0)
+        return out
 
     async def close(self) -> None:
         """Wait for running batches, close every engine on its thread, stop the threads. Idempotent."""
@@ -150,6 +157,7 @@ class InferencePool:
         for _ in self._workers:  # take every worker: waits for batches in flight
             await self._idle.get()
         await _close_workers(self._workers)
+        metrics.INFERENCE_WORKERS.labels(engine=self.engine_name).dec(self.workers)
 
 
 async def _close_workers(workers: list[_Worker]) -> None:
