@@ -4,6 +4,12 @@ ARCHITECTURE.md, "The inference pool": engines are tried in the configured order
 (production default tensorrt, torch_cuda, onnxruntime); the first that loads is
 used and the log says which one and why the others were skipped. Runtime
 fallback and hot swap come later, behind the same factory.
+
+Metrics (bot/metrics.py): each engine passed over counts one
+``healthbot_engine_fallbacks_total{from_engine, to_engine}``; the chosen engine's
+``healthbot_engine_circuit_state`` is closed (0), each skipped one's open (1: it
+gets no traffic until a restart; a runtime fallback records through the same
+helpers, :func:`bot.metrics.record_fallback` and :func:`bot.metrics.set_circuit_state`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Callable
 
 import structlog
 
+from bot import metrics
 from bot.config import InferenceConfig
 from inference.engines.base import Engine, EngineError
 
@@ -100,11 +107,17 @@ def load_engine_factory(cfg: InferenceConfig, engines_dir: Path) -> EngineFactor
         except EngineError as exc:
             skipped[name] = str(exc)
             log.warning("engine_skipped", engine=name, reason=str(exc))
+            metrics.set_circuit_state(name, metrics.CircuitState.OPEN)
             continue
         if skipped:
             log.warning("engine_selected", engine=name, skipped=skipped)
         else:
             log.info("engine_selected", engine=name, reason="first in inference.engine_order")
+        for passed_over in skipped:
+            metrics.record_fallback(passed_over, name)
+        metrics.set_circuit_state(name, metrics.CircuitState.CLOSED)
         return EngineFactory(name, lambda loader=loader: loader(cfg, engines_dir), probe, skipped)
+    for passed_over in skipped:
+        metrics.record_fallback(passed_over, None)
     raise EngineError("no inference engine could be loaded: "
                       + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
