@@ -115,6 +115,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from adapters import telegram_constants as tc
 from adapters.telegram_handoff import USER_TEXTS, TelegramAgentRelay
+from bot import metrics
 from bot.config import Config, ConfigError, TelegramConfig
 from bot.types import Inbound, MessageKind, Reply
 
@@ -409,6 +410,7 @@ class TelegramSender:
             try:
                 return await fn()
             except RetryAfter as exc:
+                metrics.TELEGRAM_RETRY_AFTER.labels(method=what).inc()
                 wait = retry_after_seconds(exc)
                 if attempt >= self.policy.max_attempts or wait > self.policy.retry_after_max_s:
                     self.stats["failed"] += 1
