@@ -1,0 +1,258 @@
+"""The shared :class:`~bot.store.base.Store` for several replicas: Redis via ``redis.asyncio``.
+
+``redis://[:password@]host:port/db``, ``rediss://…`` (TLS) or
+``unix:///path/redis.sock?db=0``; query options of redis-py (``socket_timeout``,
+``max_connections``, …) override the defaults here. Needs Redis ≥ 5 (``TIME`` in
+scripts) and the ``redis`` extra (``pip install 'healthbot[redis]'``).
+
+Atomicity, per the Redis docs:
+
+* claims are one ``SET key value NX PX ms`` (https://redis.io/docs/latest/commands/set/):
+  of any number of concurrent callers exactly one gets OK;
+* compare-and-delete, the token bucket, push (type check + ``RPUSH`` + ``PEXPIRE``)
+  and pop_all (``LRANGE`` + ``DEL``) are Lua scripts: "Redis guarantees the
+  script's atomic execution … no other script or Redis command will be executed
+  while a script is executing" (https://redis.io/docs/latest/develop/interactive/programmability/eval-intro/);
+* the token bucket reads the server's clock (``TIME``), so replicas with skewed
+  clocks still share one refill rate.
+
+Token buckets are hashes under :data:`BUCKET_PREFIX` + key (their own key space,
+as in :class:`~bot.store.memory.MemoryStore`); each expires once it would be full
+again, which is the same as absent. TTLs are rounded up to whole milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from urllib.parse import urlsplit, urlunsplit
+
+from bot.store.base import StoreError
+
+try:
+    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import AuthenticationError, ConnectionError, RedisError, ResponseError, TimeoutError
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise StoreError(
+        f"the Redis store needs redis-py ({e}): pip install 'healthbot[redis]', "
+        "or unset HEALTHBOT_STORE_URL to use the embedded SQLite store"
+    ) from e
+
+#: Prefix of the Redis keys that hold token buckets (``take_token("x")`` → ``_bucket:x``).
+BUCKET_PREFIX = "_bucket:"
+
+_DELETE_IF_EQUAL = """
+if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS[1] bucket; ARGV rate (tokens/s), burst (tokens). State: tokens, ts (server time, s).
+_TAKE_TOKEN = """
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1])
+local ts = tonumber(state[2])
+if tokens == nil or ts == nil then
+  tokens = burst
+else
+  local elapsed = now - ts
+  if elapsed < 0 then elapsed = 0 end
+  tokens = math.min(burst, tokens + elapsed * rate)
+end
+local took = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  took = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.17g', now))
+if rate > 0 then
+  redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
+else
+  redis.call('PERSIST', KEYS[1])
+end
+return took
+"""
+
+# KEYS[1] list; ARGV value, ttl in ms ('' = no expiry). A string at the key is replaced.
+_PUSH = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'list' and kind ~= 'none' then redis.call('DEL', KEYS[1]) end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+if ARGV[2] ~= '' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  redis.call('PERSIST', KEYS[1])
+end
+return 1
+"""
+
+_POP_ALL = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then return {} end
+local items = {}
+if kind == 'list' then items = redis.call('LRANGE', KEYS[1], 0, -1) end
+redis.call('DEL', KEYS[1])
+return items
+"""
+
+_FALLBACK = ("or unset HEALTHBOT_STORE_URL to use the embedded SQLite store under the data directory "
+             "(one process only)")
+
+
+def _ms(ttl_s: float) -> int:
+    """Seconds → whole milliseconds for PX/PEXPIRE, at least 1 (Redis rejects 0)."""
+    return max(1, math.ceil(ttl_s * 1000 - 1e-6))
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class RedisStore:
+    """The :class:`~bot.store.base.Store` protocol on Redis (see the module docstring).
+
+    One client with a blocking connection pool (callers wait for a free connection
+    instead of failing). Connection errors are retried twice with backoff (a
+    restarted Redis leaves dead pooled connections); then every method except
+    :meth:`ping` raises :class:`StoreError` saying where Redis was expected.
+    """
+
+    def __init__(self, client: Redis, pool: BlockingConnectionPool, url: str) -> None:
+        self._client = client
+        self._pool = pool
+        self.url = redacted_url(url)
+        kw = pool.connection_kwargs
+        self.address = kw["path"] if kw.get("path") else f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+        self.db = int(kw.get("db") or 0)
+        self._delete_if_equal = client.register_script(_DELETE_IF_EQUAL)
+        self._take_token = client.register_script(_TAKE_TOKEN)
+        self._push = client.register_script(_PUSH)
+        self._pop_all = client.register_script(_POP_ALL)
+
+    @classmethod
+    async def open(cls, url: str, *, connect_timeout_s: float = 2.0, timeout_s: float = 5.0,
+                   max_connections: int = 64) -> "RedisStore":
+        """Connect to ``url`` and PING it.
+
+        Args:
+            url: ``redis://host:port/db``, ``rediss://…`` or ``unix:///path.sock?db=N``.
+            connect_timeout_s: seconds to wait for a TCP connection.
+            timeout_s: seconds to wait for a reply (and for a free pooled connection).
+            max_connections: pool size; further callers wait up to ``timeout_s``.
+
+        Raises:
+            StoreError: a malformed URL, or Redis unreachable / refusing the password,
+                with the address and what to do.
+        """
+        try:
+            pool = BlockingConnectionPool.from_url(
+                url, decode_responses=True, max_connections=max_connections, timeout=timeout_s,
+                socket_connect_timeout=connect_timeout_s, socket_timeout=timeout_s,
+                retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2), retry_on_error=[ConnectionError],
+                health_check_interval=30,
+            )
+        except (ValueError, TypeError) as e:
+            raise StoreError(
+                f"bad Redis URL {redacted_url(url)}: {e}: use redis://host:6379/0, rediss://… "
+                "or unix:///path/redis.sock?db=0"
+            ) from e
+        store = cls(Redis(connection_pool=pool), pool, url)
+        try:
+            await store._call(store._client.ping())
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    def _unreachable(self, e: BaseException) -> StoreError:
+        where = f"Redis at {self.address} (db {self.db}, {self.url})"
+        reason = str(e).rstrip(". ") or type(e).__name__
+        if isinstance(e, AuthenticationError) or "NOAUTH" in reason or "WRONGPASS" in reason:
+            return StoreError(f"{where} refused the password ({reason}). Put it in the URL as "
+                              f"redis://:PASSWORD@host:port/db, {_FALLBACK}")
+        port = self.address.rpartition(":")[2] if ":" in self.address else "6379"
+        return StoreError(f"cannot reach {where}: {reason}. Start Redis there (e.g. 'redis-server "
+                          f"--port {port}'), fix HEALTHBOT_STORE_URL, {_FALLBACK}")
+
+    async def _call(self, awaitable):
+        try:
+            return await awaitable
+        except (ConnectionError, TimeoutError, OSError) as e:
+            raise self._unreachable(e) from e
+        except RedisError as e:
+            raise StoreError(f"Redis at {self.address} (db {self.db}): {e}") from e
+
+    async def get(self, key: str) -> str | None:
+        """The string at ``key``, or None if absent, expired or not a string (a list)."""
+        try:
+            return await self._call(self._client.get(key))
+        except StoreError as e:
+            if isinstance(e.__cause__, ResponseError) and "WRONGTYPE" in str(e.__cause__):
+                return None
+            raise
+
+    async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
+        """``SET key value [PX ms]``: replaces any value (a list too); expires after ``ttl_s`` seconds."""
+        await self._call(self._client.set(key, value, px=None if ttl_s is None else _ms(ttl_s)))
+
+    async def set_if_absent(self, key: str, value: str, ttl_s: float | None = None) -> bool:
+        """Claim ``key`` with ``SET key value NX [PX ms]``; True for exactly one concurrent caller."""
+        return bool(await self._call(
+            self._client.set(key, value, nx=True, px=None if ttl_s is None else _ms(ttl_s))))
+
+    async def delete(self, key: str) -> None:
+        """``DEL key`` (no error if absent; buckets are kept)."""
+        await self._call(self._client.delete(key))
+
+    async def delete_if_equal(self, key: str, value: str) -> bool:
+        """Compare-and-delete in one Lua script (lock release); True if removed."""
+        return bool(await self._call(self._delete_if_equal(keys=[key], args=[value])))
+
+    async def take_token(self, key: str, rate_per_s: float, burst: int) -> bool:
+        """Token bucket in one Lua script: capacity ``burst``, refilled at ``rate_per_s`` tokens/s.
+
+        Uses the Redis server's clock. A bucket never seen (or expired because it
+        was full again) starts full. Returns True if a token was taken.
+        """
+        return bool(await self._call(self._take_token(
+            keys=[BUCKET_PREFIX + key], args=[repr(float(rate_per_s)), int(burst)])))
+
+    async def push(self, key: str, value: str, ttl_s: float | None = None) -> None:
+        """``RPUSH`` + ``PEXPIRE`` (or ``PERSIST``) in one Lua script; a string at ``key`` is replaced."""
+        await self._call(self._push(keys=[key], args=[value, "" if ttl_s is None else _ms(ttl_s)]))
+
+    async def pop_all(self, key: str) -> list[str]:
+        """``LRANGE 0 -1`` + ``DEL`` in one Lua script: the list, oldest first ([] if none)."""
+        return list(await self._call(self._pop_all(keys=[key])))
+
+    async def ping(self) -> bool:
+        """True if Redis answers PING (False when unreachable; never raises)."""
+        try:
+            return bool(await self._call(self._client.ping()))
+        except StoreError:
+            return False
+
+    async def close(self) -> None:
+        """Close the client and every pooled connection; safe to call twice."""
+        close = getattr(self._client, "aclose", None) or self._client.close
+        await close()
+        await self._pool.disconnect()
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url!r})"
