@@ -1,0 +1,422 @@
+"""One suite for every Store backend: memory, SQLite (a temporary file) and Redis (a real redis-server).
+
+The Redis cases start Debian's ``redis-server`` on 127.0.0.1 (tests/redis_server.py);
+without the binary they are skipped, except in CI, where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sqlite3
+import sys
+import time
+
+import pytest
+
+from bot.config import REPO_ROOT
+from bot.store import MemoryStore, Store, StoreError, open_store
+from bot.store.sqlite import SqliteStore, sqlite_path
+from tests.redis_server import RedisServer, redis_server, require_redis_server  # noqa: F401 (fixture)
+
+
+def _flush(url: str) -> None:
+    import redis
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def _url(backend: str, request, tmp_path) -> str:
+    if backend == "memory":
+        return "memory://"
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path}/state/healthbot.db"  # tmp_path is absolute: sqlite:////tmp/...
+    server = request.getfixturevalue("redis_server")
+    _flush(server.url)
+    return server.url
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def store(request, tmp_path):
+    """A fresh, empty store of each backend."""
+    s = await open_store(_url(request.param, request, tmp_path))
+    yield s
+    await s.close()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def shared_url(request, tmp_path):
+    """The URL of an empty backend that several processes can share."""
+    return _url(request.param, request, tmp_path)
+
+
+# --- keys, values, TTL -------------------------------------------------------------------------
+
+async def test_every_backend_satisfies_the_store_protocol(store):
+    assert isinstance(store, Store)
+    assert await store.ping() is True
+
+
+async def test_get_returns_what_set_stored_and_none_when_absent(store):
+    assert await store.get("session:telegram:42") is None
+    await store.set("session:telegram:42", '{"topic": "sleep"}')
+    assert await store.get("session:telegram:42") == '{"topic": "sleep"}'
+    await store.set("session:telegram:42", "replaced")
+    assert await store.get("session:telegram:42") == "replaced"
+    await store.set("unicode", "失眠怎么办 🌙")
+    assert await store.get("unicode") == "失眠怎么办 🌙"
+
+
+async def test_value_expires_after_its_ttl_and_can_be_claimed_again(store):
+    await store.set("dedup:wechat:1", "seen", ttl_s=0.2)
+    assert await store.get("dedup:wechat:1") == "seen"
+    await asyncio.sleep(0.3)
+    assert await store.get("dedup:wechat:1") is None
+    assert await store.set_if_absent("dedup:wechat:1", "again", ttl_s=5) is True
+    assert await store.get("dedup:wechat:1") == "again"
+
+
+async def test_set_without_ttl_removes_an_earlier_ttl(store):
+    await store.set("token", "a", ttl_s=0.15)
+    await store.set("token", "b")
+    await asyncio.sleep(0.25)
+    assert await store.get("token") == "b"
+
+
+async def test_delete_removes_strings_and_lists_and_ignores_absent_keys(store):
+    await store.set("a", "1")
+    await store.push("l", "x")
+    await store.delete("a")
+    await store.delete("l")
+    await store.delete("never-there")
+    assert await store.get("a") is None
+    assert await store.pop_all("l") == []
+
+
+async def test_list_and_string_at_one_key_replace_each_other(store):
+    await store.push("k", "item")
+    assert await store.get("k") is None  # a list is not a string
+    assert await store.set_if_absent("k", "claim") is False  # but the key is taken
+    await store.set("k", "text")
+    assert await store.get("k") == "text"
+    await store.push("k", "item2")  # push over a string starts a new list
+    assert await store.pop_all("k") == ["item2"]
+
+
+# --- claims and locks --------------------------------------------------------------------------
+
+async def test_concurrent_claims_exactly_one_wins(store):
+    results = await asyncio.gather(*(store.set_if_absent("dedup:wechat:777", f"worker-{i}", ttl_s=30)
+                                     for i in range(200)))
+    assert sum(results) == 1
+    winner = results.index(True)
+    assert await store.get("dedup:wechat:777") == f"worker-{winner}"
+
+
+async def test_claim_is_free_again_after_delete(store):
+    assert await store.set_if_absent("lock", "me") is True
+    assert await store.set_if_absent("lock", "you") is False
+    await store.delete("lock")
+    assert await store.set_if_absent("lock", "you") is True
+
+
+async def test_delete_if_equal_releases_only_the_holders_lock(store):
+    assert await store.delete_if_equal("wechat:token_lock", "owner-a") is False  # absent
+    await store.set("wechat:token_lock", "owner-a", ttl_s=30)
+    assert await store.delete_if_equal("wechat:token_lock", "owner-b") is False
+    assert await store.get("wechat:token_lock") == "owner-a"
+    assert await store.delete_if_equal("wechat:token_lock", "owner-a") is True
+    assert await store.get("wechat:token_lock") is None
+    assert await store.delete_if_equal("wechat:token_lock", "owner-a") is False
+
+
+async def test_delete_if_equal_ignores_an_expired_lock(store):
+    await store.set("lock", "owner", ttl_s=0.1)
+    await asyncio.sleep(0.2)
+    assert await store.delete_if_equal("lock", "owner") is False
+    await store.push("list", "owner")
+    assert await store.delete_if_equal("list", "owner") is False
+
+
+# --- token buckets -----------------------------------------------------------------------------
+
+async def test_token_bucket_allows_the_burst_then_refuses(store):
+    taken = [await store.take_token("ratelimit:telegram:1", rate_per_s=0.01, burst=5) for _ in range(8)]
+    assert taken == [True] * 5 + [False] * 3
+
+
+async def test_token_bucket_refills_at_its_rate(store):
+    key = "ratelimit:wechat:2"
+    assert [await store.take_token(key, rate_per_s=4, burst=2) for _ in range(3)] == [True, True, False]
+    await asyncio.sleep(0.35)  # 0.35 s x 4 tokens/s = 1.4 tokens
+    assert await store.take_token(key, rate_per_s=4, burst=2) is True
+    assert await store.take_token(key, rate_per_s=4, burst=2) is False
+
+
+async def test_token_bucket_refill_is_capped_at_the_burst(store):
+    key = "ratelimit:http:3"
+    assert [await store.take_token(key, rate_per_s=10, burst=2) for _ in range(2)] == [True, True]
+    await asyncio.sleep(0.4)  # 4 tokens' worth of time, but the bucket holds 2
+    assert [await store.take_token(key, rate_per_s=10, burst=2) for _ in range(3)] == [True, True, False]
+
+
+async def test_token_buckets_are_per_key_and_apart_from_values(store):
+    assert [await store.take_token("user-a", 0.01, 1) for _ in range(2)] == [True, False]
+    assert await store.take_token("user-b", 0.01, 1) is True
+    await store.set("user-a", "a value")
+    await store.delete("user-a")  # deletes the value, not the bucket
+    assert await store.take_token("user-a", 0.01, 1) is False
+
+
+async def test_concurrent_token_takes_never_exceed_the_burst(store):
+    taken = await asyncio.gather(*(store.take_token("ratelimit:burst", 0.001, 10) for _ in range(100)))
+    assert sum(taken) == 10
+
+
+# --- lists -------------------------------------------------------------------------------------
+
+async def test_pop_all_returns_pushed_values_oldest_first_and_empties_the_list(store):
+    assert await store.pop_all("pending:telegram:1") == []
+    for text in ("first", "second", "第三"):
+        await store.push("pending:telegram:1", text, ttl_s=60)
+    assert await store.pop_all("pending:telegram:1") == ["first", "second", "第三"]
+    assert await store.pop_all("pending:telegram:1") == []
+
+
+async def test_push_renews_the_lists_ttl_and_an_expired_list_is_empty(store):
+    await store.push("q", "a", ttl_s=0.3)
+    await asyncio.sleep(0.2)
+    await store.push("q", "b", ttl_s=0.3)
+    await asyncio.sleep(0.2)  # 0.4 s after the first push, 0.2 s after the second
+    assert await store.pop_all("q") == ["a", "b"]
+    await store.push("q", "c", ttl_s=0.1)
+    await asyncio.sleep(0.2)
+    assert await store.pop_all("q") == []
+    await store.push("q", "d", ttl_s=30)  # an expired list is not resurrected
+    assert await store.pop_all("q") == ["d"]
+
+
+async def test_concurrent_pushes_and_pops_lose_and_duplicate_nothing(store):
+    producers, per_producer = 8, 40
+    done = asyncio.Event()
+    popped: list[str] = []
+
+    async def produce(p: int) -> None:
+        for i in range(per_producer):
+            await store.push("pending", f"{p}:{i}", ttl_s=60)
+            if i % 8 == 0:
+                await asyncio.sleep(0)
+
+    async def consume() -> None:
+        while not done.is_set():
+            popped.extend(await store.pop_all("pending"))
+            await asyncio.sleep(0)
+        popped.extend(await store.pop_all("pending"))
+
+    consumer = asyncio.create_task(consume())
+    await asyncio.gather(*(produce(p) for p in range(producers)))
+    done.set()
+    await consumer
+    assert sorted(popped) == sorted(f"{p}:{i}" for p in range(producers) for i in range(per_producer))
+    for p in range(producers):  # each producer's items come out in its order
+        assert [int(x.split(":")[1]) for x in popped if x.startswith(f"{p}:")] == list(range(per_producer))
+
+
+# --- several processes on one backend ------------------------------------------------------------
+
+_WORKER = r"""
+import asyncio, json, sys
+from bot.store import open_store
+
+async def main(url, name, claims, takes, pushes):
+    store = await open_store(url)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+    async def push_all():
+        for i in range(pushes):
+            await store.push("pending", f"{name}:{i}", ttl_s=60)
+
+    won, took, _ = await asyncio.gather(
+        asyncio.gather(*(store.set_if_absent(f"claim:{i}", name, ttl_s=60) for i in range(claims))),
+        asyncio.gather(*(store.take_token("shared-bucket", 0.001, 20) for _ in range(takes))),
+        push_all())
+    await store.close()
+    print(json.dumps({"won": [i for i, ok in enumerate(won) if ok], "took": sum(took)}), flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])))
+"""
+
+
+async def test_processes_sharing_a_backend_claim_each_key_once_and_share_buckets_and_lists(shared_url):
+    workers, claims, takes, pushes = 3, 100, 15, 40
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _WORKER, shared_url, f"w{n}", str(claims), str(takes), str(pushes),
+        cwd=REPO_ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        for n in range(workers)]
+    parent = await open_store(shared_url)
+    try:
+        for p in procs:  # barrier: every worker has opened the store
+            assert (await asyncio.wait_for(p.stdout.readline(), 30)).strip() == b"ready"
+        for p in procs:
+            p.stdin.write(b"go\n")
+            await p.stdin.drain()
+        popped: list[str] = []
+        parent_claims = asyncio.gather(*(parent.set_if_absent(f"claim:{i}", "parent", ttl_s=60)
+                                         for i in range(claims)))
+        finished = asyncio.gather(*(p.communicate() for p in procs))
+        while not finished.done():
+            popped.extend(await parent.pop_all("pending"))
+            await asyncio.sleep(0.005)
+        outputs = [json.loads(out) for out, _ in await finished]
+        popped.extend(await parent.pop_all("pending"))
+        parent_won = [i for i, ok in enumerate(await parent_claims) if ok]
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+        await parent.close()
+    assert [p.returncode for p in procs] == [0] * workers
+
+    winners = parent_won + [i for o in outputs for i in o["won"]]
+    assert sorted(winners) == list(range(claims))  # every key claimed, none twice
+    assert sum(o["took"] for o in outputs) == 20  # one bucket of 20 across 45 takes
+    assert sorted(popped) == sorted(f"w{n}:{i}" for n in range(workers) for i in range(pushes))
+    for n in range(workers):
+        assert [int(x.split(":")[1]) for x in popped if x.startswith(f"w{n}:")] == list(range(pushes))
+
+
+# --- SQLite specifics ----------------------------------------------------------------------------
+
+async def test_sqlite_creates_the_folder_and_uses_wal(tmp_path):
+    db = tmp_path / "a" / "b" / "healthbot.db"
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        assert isinstance(store, SqliteStore) and store.path == str(db)
+        await store.set("k", "v")
+    finally:
+        await store.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT value FROM kv WHERE key = 'k'").fetchone()[0] == "v"
+
+
+async def test_sqlite_the_configs_default_url_opens_under_the_data_directory(cfg):
+    store = await open_store(cfg.effective_store_url)
+    try:
+        assert await store.ping()
+        assert store.path == str(cfg.path(cfg.data_dir) / "healthbot.db")
+    finally:
+        await store.close()
+
+
+async def test_sqlite_two_store_objects_on_one_file_see_each_other(tmp_path):
+    url = f"sqlite:///{tmp_path}/shared.db"
+    a, b = await open_store(url), await open_store(url)
+    try:
+        results = await asyncio.gather(*(s.set_if_absent("claim", name) for name in "xyz" * 20 for s in (a, b)))
+        assert sum(results) == 1
+        await a.push("q", "from-a")
+        await b.push("q", "from-b")
+        assert await b.pop_all("q") == ["from-a", "from-b"]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_sqlite_purge_removes_expired_rows_and_full_buckets(tmp_path):
+    store = await SqliteStore.open(f"sqlite:///{tmp_path}/p.db")
+    try:
+        await store.set("short", "x", ttl_s=0.05)
+        await store.set("long", "y", ttl_s=60)
+        await store.push("short-list", "i", ttl_s=0.05)
+        await store.take_token("bucket", rate_per_s=100, burst=2)  # full again after 10 ms
+        await asyncio.sleep(0.1)
+        assert await store.purge() == 4  # short, short-list, its item, the bucket
+        assert await store.get("long") == "y"
+        assert await store.purge() == 0
+    finally:
+        await store.close()
+
+
+def test_sqlite_url_forms():
+    assert sqlite_path("sqlite:///relative/x.db") == "relative/x.db"
+    assert sqlite_path("sqlite:////abs/x.db") == "/abs/x.db"
+    assert sqlite_path("sqlite:///:memory:") == ":memory:"
+    for bad in ("sqlite://host/x.db", "sqlite:///", "sqlite:///x.db?mode=ro"):
+        with pytest.raises(StoreError, match="sqlite:////absolute/path.db"):
+            sqlite_path(bad)
+
+
+async def test_sqlite_unusable_paths_say_what_to_do(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match=r"cannot create the folder .*a-file.*HEALTHBOT_STORE_URL"):
+        await open_store(f"sqlite:///{blocker}/sub/healthbot.db")
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database file" * 100)
+    with pytest.raises(StoreError, match=r"garbage.db is not a usable SQLite database.*HEALTHBOT_STORE_URL"):
+        await open_store(f"sqlite:///{garbage}")
+
+
+async def test_sqlite_a_closed_store_says_so(tmp_path):
+    store = await open_store(f"sqlite:///{tmp_path}/c.db")
+    await store.close()
+    await store.close()  # twice is fine
+    assert await store.ping() is False
+    with pytest.raises(StoreError, match="is closed"):
+        await store.get("k")
+
+
+# --- errors: unknown scheme, Redis unreachable or gone -------------------------------------------
+
+async def test_unknown_scheme_names_the_supported_ones():
+    with pytest.raises(StoreError) as err:
+        await open_store("mongodb://localhost/healthbot")
+    assert "mongodb://localhost/healthbot" in str(err.value)
+    for scheme in ("sqlite:///", "redis://", "memory://"):
+        assert scheme in str(err.value)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_unreachable_redis_fails_fast_with_what_to_do():
+    port = _closed_port()
+    started = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        await open_store(f"redis://:s3cret@127.0.0.1:{port}/0")
+    assert time.monotonic() - started < 3.0
+    message = str(err.value)
+    assert f"cannot reach Redis at 127.0.0.1:{port}" in message
+    assert f"redis-server --port {port}" in message and "HEALTHBOT_STORE_URL" in message
+    assert "s3cret" not in message and "***" in message
+
+
+async def test_redis_going_away_turns_ping_false_and_comes_back_with_redis():
+    binary = require_redis_server()
+    server = RedisServer(binary).start()
+    store = await open_store(server.url)
+    try:
+        await store.set("k", "v")
+        server.stop()
+        assert await store.ping() is False
+        with pytest.raises(StoreError, match=f"cannot reach Redis at 127.0.0.1:{server.port}"):
+            await store.get("k")
+        server = RedisServer(binary, port=server.port).start()  # a restart loses the data (no persistence)
+        assert await store.ping() is True
+        assert await store.set_if_absent("k", "again") is True
+    finally:
+        await store.close()
+        server.stop()
+
+
+async def test_memory_url_gives_a_memory_store():
+    assert isinstance(await open_store("memory://"), MemoryStore)
