@@ -182,7 +182,8 @@ class TensorRTEngine:
         self._context = engine.create_execution_context()
         if self._context is None:
             raise EngineError("TensorRT could not create an execution context (out of GPU memory?)")
-        self._stream = self._cuda(self._cudart.cudaStreamCreateWithFlags(self._cudart.cudaStreamNonBlocking),
+        self._stream = self._cuda(self._cudart.cudaStreamCreateWithFlags(
+            getattr(self._cudart, "cudaStreamNonBlocking", 1)),
                                   "cudaStreamCreateWithFlags")
         self._active_profile = -1
         for b in self._buckets:

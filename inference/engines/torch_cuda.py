@@ -67,10 +67,11 @@ at most 2x at small B and 1.5x at large B, where compute, not launches, is the c
 DEFAULT_MAX_BATCH = 256
 """Largest B accepted (the pool splits larger batches)."""
 
-DEFAULT_GRAPH_MAX_TOKENS = 16384
-"""Graphs are captured for buckets with B x T up to this. Above it a forward is
-compute-bound (>= 5 ms on an H200), so launch overhead no longer matters and
-the activation memory of larger graphs is not worth keeping."""
+DEFAULT_GRAPH_MAX_TOKENS = 8192
+"""Graphs are captured for buckets with B x T up to this: the batcher's default
+``max_batch_tokens``, so the batches it forms replay graphs. Larger shapes run
+eagerly; measured on the H200 (docs/benchmarks.md) graphs gain only 1.2-1.4x
+at 16,384 tokens while the shared graph memory pool grows with the largest graph."""
 
 ONNX_FILE = "model.onnx"
 

@@ -1,0 +1,664 @@
+"""GPU measurements for the torch_cuda and TensorRT engines (what ran on the H200 for docs/benchmarks.md).
+
+Two steps, because the prepared model (448 MiB) cannot travel to the GPU machine
+(64 MiB limit):
+
+``python tools/gpu_bench.py pack [--engines-dir engines] [--out .gpucarry]``
+    on the development machine (CPU). Writes ``.gpucarry/`` (git-ignored):
+    the 12 encoder layers in FP16 plus the embedding rows of every token id the
+    test texts use (``weights.npz``, ~45 MB), the tokenizer files, and the FP32
+    ONNX Runtime reference vectors for the parity windows (``reference.npz``).
+    FP16 storage loses nothing: the FP16 engine rounds every weight to FP16 the
+    same way, and LayerNorm parameters stay FP32.
+
+``python tools/gpu_bench.py run [--carry .gpucarry] [--out DIR] [--seconds S]``
+    on the GPU machine. Rebuilds a full-size BertModel (rows not carried are
+    random, so memory and speed are those of the real model), then measures:
+
+    1. parity: cosine of every parity window, CUDA graphs and eager, against
+       the carried ONNX Runtime FP32 reference (target >= 0.999);
+    2. engine latency (host to host, median) per batch and sequence bucket,
+       eager against CUDA graphs, and the engine-only ceiling (encodes/s at max batch);
+    3. GPU memory of the engine;
+    4. throughput and p50/p99 through the project's DynamicBatcher +
+       InferencePool (+ E5Tokenizer, i.e. ``Encoder.encode``) at concurrency
+       1, 32, 256, batched and unbatched, 1 and 2 workers;
+    5. the TensorRT engine's cuda-python path (device and pinned buffers,
+       streams, per-thread cudaSetDevice, pool workers) on the real GPU, with
+       the TensorRT API double of tests/test_tensorrt.py standing in for
+       TensorRT itself (not installable here);
+    6. ``pytest tests/test_torch_cuda.py`` (its GPU tests run there).
+
+    Writes ``results.json`` and ``bench.log`` under ``--out`` and prints a summary.
+
+``--device cpu`` runs the same ``run`` steps on the CPU with short durations (a
+smoke test of this script, numbers meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gzip
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BATCHES = (1, 8, 32, 64, 128, 256)
+SEQS = (16, 32, 64, 128, 256, 512)
+CONCURRENCIES = (1, 32, 256)
+
+
+# =========================================================================== texts
+def parity_texts() -> list[tuple[str, str]]:
+    """(prefix, text): the bench questions, knowledge-base questions and answers,
+    and two long passages (~300 and ~600 tokens, the second needing 2 windows)."""
+    import yaml
+
+    from inference.bench import QUESTIONS
+
+    out = [("query: ", q) for q in QUESTIONS]
+    answers: list[str] = []
+    for f in sorted((REPO / "bot" / "kb").glob("*.yaml"))[:4]:
+        data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+        for topic in (data.get("topics") or [])[:4]:
+            for lang in ("zh", "en"):
+                qs = ((topic.get("questions") or {}).get(lang) or [])[:2]
+                out += [("query: ", q) for q in qs]
+                a = (topic.get("answer") or {}).get(lang)
+                if a:
+                    answers.append(a)
+    out += [("passage: ", a) for a in answers[:24]]
+    out.append(("passage: ", " ".join(answers[:6])))
+    out.append(("passage: ", " ".join(answers[:14])))
+    return out
+
+
+# =========================================================================== pack (CPU)
+def pack(engines_dir: Path, out: Path) -> None:
+    import onnxruntime as ort
+
+    from inference.engines.torch_cuda import bert_from_onnx
+    from inference.tokenizer import E5Tokenizer
+
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    tok = E5Tokenizer.load(engines_dir)
+    texts = parity_texts()
+    windows, owner = [], []
+    for i, (prefix, text) in enumerate(texts):
+        for w in tok.encode_batch([text], prefix=prefix)[0]:
+            windows.append(w)
+            owner.append(i)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(str(engines_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    ref = np.stack([sess.run(["pooled"], {"input_ids": np.array([w], np.int64),
+                                          "attention_mask": np.ones((1, len(w)), np.int64)})[0][0] for w in windows])
+    lens = np.array([len(w) for w in windows])
+    flat = np.full((len(windows), lens.max()), tok.pad_id, np.int64)
+    for r, w in enumerate(windows):
+        flat[r, :len(w)] = w
+    np.savez(out / "reference.npz", ids=flat, lens=lens, owner=np.array(owner), pooled=ref.astype(np.float32))
+
+    bert = bert_from_onnx(engines_dir / "model.onnx")
+    state = {k: v.detach().numpy() for k, v in bert.state_dict().items() if "position_ids" not in k}
+    word = state.pop("embeddings.word_embeddings.weight")
+    used = np.unique(np.concatenate([np.array(w) for w in windows] + [np.array([0, 1, 2, 3])]))
+    arrays = {"word_ids": used.astype(np.int64), "word_rows": word[used].astype(np.float16)}
+    for k, v in state.items():
+        arrays["w:" + k] = v.astype(np.float16) if v.ndim == 2 else v.astype(np.float32)
+    np.savez(out / "weights.npz", **arrays)
+    manifest = json.loads((engines_dir / "manifest.json").read_text(encoding="utf-8"))
+    cfg = bert.config
+    meta = {"vocab_rows": int(word.shape[0]), "heads": int(cfg.num_attention_heads), "eps": float(cfg.layer_norm_eps),
+            "pad_id": int(tok.pad_id), "texts": len(texts), "windows": len(windows), "rows_carried": int(used.size),
+            "source": manifest.get("model"), "onnx_sha256": manifest.get("onnx_sha256")}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    eng = out / "engines"
+    eng.mkdir(exist_ok=True)
+    for name in ("manifest.json", "normalization.json"):
+        shutil.copy2(engines_dir / name, eng / name)
+    with open(engines_dir / "tokenizer.json", "rb") as src, gzip.open(eng / "tokenizer.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"packed {len(texts)} texts / {len(windows)} windows / {used.size} embedding rows into {out} "
+          f"({size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
+
+
+# =========================================================================== run (GPU)
+class Recorder:
+    """Collects results and log lines; each step runs guarded so one failure loses one step."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.results: dict[str, Any] = {}
+        self.log_lines: list[str] = []
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        self.log_lines.append(line)
+
+    def step(self, name: str, fn: Callable[[], Any]) -> Any:
+        self.log(f"--- {name}")
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+            self.results[name] = value
+            return value
+        except Exception as exc:  # noqa: BLE001 - record and go on
+            self.results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            self.log(f"!!! {name} failed: {exc}\n{traceback.format_exc()}")
+            return None
+        finally:
+            self.log(f"    {name}: {time.perf_counter() - t0:.1f} s")
+            self.save()
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
+        (self.out / "bench.log").write_text("\n".join(self.log_lines) + "\n")
+
+
+def load_carried_bert(carry: Path):
+    """Full-size CPU FP32 BertModel: carried layers and rows, other rows random (seeded)."""
+    from inference.engines.torch_cuda import bert_from_state
+
+    meta = json.loads((carry / "meta.json").read_text())
+    z = np.load(carry / "weights.npz")
+    state = {k[2:]: z[k].astype(np.float32) for k in z.files if k.startswith("w:")}
+    hidden = state["embeddings.position_embeddings.weight"].shape[1]
+    rng = np.random.default_rng(0)
+    word = (rng.standard_normal((meta["vocab_rows"], hidden), dtype=np.float32) * 0.05)
+    word[z["word_ids"]] = z["word_rows"].astype(np.float32)
+    state["embeddings.word_embeddings.weight"] = word
+    return bert_from_state(state, heads=meta["heads"], eps=meta["eps"], pad_id=meta["pad_id"]), meta
+
+
+def unpack_engines_dir(carry: Path) -> Path:
+    d = Path(tempfile.mkdtemp(prefix="engines-"))
+    for name in ("manifest.json", "normalization.json"):
+        shutil.copy2(carry / "engines" / name, d / name)
+    with gzip.open(carry / "engines" / "tokenizer.json.gz", "rb") as src, open(d / "tokenizer.json", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return d
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def env_info(device: str) -> dict[str, Any]:
+    import torch
+
+    info = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "python": platform.python_version(),
+            "torch": torch.__version__, "cuda_runtime": torch.version.cuda, "cpu_count": os.cpu_count(),
+            "platform": platform.platform()}
+    for dist in ("transformers", "numpy", "onnxruntime", "cuda-bindings", "cuda-python", "tokenizers"):
+        with contextlib.suppress(Exception):
+            import importlib.metadata as md
+
+            info[dist] = md.version(dist)
+    if device != "cpu" and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
+                    gpu_memory_gib=round(p.total_memory / 2**30, 1))
+        with contextlib.suppress(Exception):
+            info["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu",
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+    return info
+
+
+def parity(make_engine, carry: Path) -> dict[str, Any]:
+    z = np.load(carry / "reference.npz")
+    ids, lens, ref = z["ids"], z["lens"], z["pooled"]
+    out: dict[str, Any] = {"windows": int(len(lens)), "max_len": int(lens.max())}
+    for label, graphs in (("graphs", True), ("eager", False)):
+        eng = make_engine(cuda_graphs=graphs)
+        one = np.stack([eng.infer(ids[i:i + 1, :lens[i]], np.ones((1, lens[i]), np.int64))[0] for i in range(len(lens))])
+        # all windows as padded batches of 16, in length order (as the batcher groups them)
+        order = np.argsort(lens)
+        batched = np.empty_like(ref)
+        for s in range(0, len(order), 16):
+            rows = order[s:s + 16]
+            t = int(lens[rows].max())
+            mask = (np.arange(t)[None, :] < lens[rows][:, None]).astype(np.int64)
+            batched[rows] = eng.infer(np.where(mask == 1, ids[rows, :t], 1), mask)
+        c1, cb = cosine_rows(one, ref), cosine_rows(batched, ref)
+        out[label] = {"single_min_cosine": float(c1.min()), "single_mean_cosine": float(c1.mean()),
+                      "batched_min_cosine": float(cb.min()), "batched_mean_cosine": float(cb.mean()),
+                      "max_abs_diff": float(np.abs(batched - ref).max()),
+                      "graph_runs": eng.graph_runs, "eager_runs": eng.eager_runs}
+        eng.close()
+    return out
+
+
+def latency_grid(make_engine, seconds_per_point: float, batches=BATCHES, seqs=SEQS) -> dict[str, Any]:
+    rng = np.random.default_rng(1)
+    rows = []
+    engines = {"graphs": make_engine(cuda_graphs=True), "eager": make_engine(cuda_graphs=False)}
+    for t in seqs:
+        for b in batches:
+            ids = rng.integers(5, 250000, (b, t)).astype(np.int64)
+            ids[:, 0] = 0
+            mask = np.ones((b, t), np.int64)
+            row = {"batch": b, "seq": t}
+            for label, eng in engines.items():
+                for _ in range(3):
+                    eng.infer(ids, mask)
+                times = []
+                stop = time.perf_counter() + seconds_per_point
+                while (len(times) < 10 or time.perf_counter() < stop) and len(times) < 300:
+                    t0 = time.perf_counter()
+                    eng.infer(ids, mask)
+                    times.append((time.perf_counter() - t0) * 1000)
+                row[f"{label}_ms"] = round(float(np.median(times)), 3)
+                row[f"{label}_p90_ms"] = round(float(np.percentile(times, 90)), 3)
+            row["graph_used"] = b * t <= engines["graphs"].graph_max_tokens
+            row["speedup"] = round(row["eager_ms"] / row["graphs_ms"], 2)
+            row["graphs_encodes_per_s"] = round(b / row["graphs_ms"] * 1000)
+            rows.append(row)
+    for eng in engines.values():
+        eng.close()
+    return {"rows": rows}
+
+
+def memory(make_engine) -> dict[str, Any]:
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base_alloc = torch.cuda.memory_allocated()
+    base_res = torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    eng = make_engine(cuda_graphs=True, key="memory-probe")
+    rng = np.random.default_rng(2)
+    for b, t in ((1, 16), (32, 32), (256, 64), (32, 512), (256, 512)):
+        eng.infer(rng.integers(5, 1000, (b, t)).astype(np.int64), np.ones((b, t), np.int64))
+    torch.cuda.synchronize()
+    out = {"graphs": len(eng.graph_shapes), "load_seconds": eng.load_seconds,
+           "engine_reported_mib": round(eng.gpu_memory_bytes / 2**20, 1),
+           "allocated_after_mib": round((torch.cuda.memory_allocated() - base_alloc) / 2**20, 1),
+           "reserved_after_mib": round((torch.cuda.memory_reserved() - base_res) / 2**20, 1),
+           "peak_allocated_mib": round((torch.cuda.max_memory_allocated() - base_alloc) / 2**20, 1),
+           "weights_mib": round(sum(p.numel() * p.element_size() for p in eng._model.parameters()) / 2**20, 1)}
+    with contextlib.suppress(Exception):
+        out["nvidia_smi_used_mib"] = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
+                                                    capture_output=True, text=True, timeout=20).stdout.strip()
+    eng.close()
+    return out
+
+
+def memory_caps(bert, pad_id: int) -> dict[str, Any]:
+    """GPU memory an engine adds at load (weights + graphs + buffers), per graph token cap."""
+    import gc
+
+    import torch
+
+    from inference.engines.torch_cuda import TorchCudaEngine
+
+    out = {}
+    for cap in (8192, 16384):
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        a0, r0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        eng = TorchCudaEngine(bert, key=f"mem-{cap}", device=0, graph_max_tokens=cap, pad_id=pad_id)
+        torch.cuda.synchronize()
+        out[str(cap)] = {"graphs": len(eng.graph_shapes), "load_seconds": eng.load_seconds,
+                         "reserved_mib": round((torch.cuda.memory_reserved() - r0) / 2**20, 1),
+                         "allocated_mib": round((torch.cuda.memory_allocated() - a0) / 2**20, 1),
+                         "weights_mib": round(sum(p.numel() * p.element_size() for p in eng._model.parameters()) / 2**20, 1)}
+        with contextlib.suppress(Exception):
+            out[str(cap)]["nvidia_smi_used_mib"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20).stdout.strip()
+        eng.close()
+        del eng
+    return out
+
+
+def gpu_time(make_engine) -> dict[str, Any]:
+    """Graph replay time on the GPU alone (CUDA events, median of 200) against the engine's host-to-host call."""
+    import torch
+
+    eng = make_engine(cuda_graphs=True)
+    rows = []
+    rng = np.random.default_rng(3)
+    for b, t in ((1, 16), (1, 32), (8, 32), (32, 32), (128, 32), (256, 32), (32, 128), (16, 512)):
+        g = eng._graphs[(b, t)]
+        ids = rng.integers(5, 250000, (b, t)).astype(np.int64)
+        mask = np.ones((b, t), np.int64)
+        for _ in range(5):
+            eng.infer(ids, mask)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(200)]
+        with torch.cuda.stream(eng._stream):
+            for e0, e1 in ev:
+                e0.record()
+                g.graph.replay()
+                e1.record()
+        eng._stream.synchronize()
+        replay = float(np.median([e0.elapsed_time(e1) for e0, e1 in ev]))
+        host = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            eng.infer(ids, mask)
+            host.append((time.perf_counter() - t0) * 1000)
+        rows.append({"batch": b, "seq": t, "replay_ms": round(replay, 3), "infer_ms": round(float(np.median(host)), 3)})
+    eng.close()
+    return {"rows": rows}
+
+
+class NullEngine:
+    """Returns zeros at once: measures the front end (tokenizer, batcher, pool) without a model."""
+
+    name = "null"
+    dim = 384
+    max_batch_size = 256
+    max_seq_len = 512
+
+    def infer(self, input_ids, attention_mask):
+        return np.zeros((input_ids.shape[0], self.dim), np.float32)
+
+    def close(self):
+        pass
+
+
+def frontend(engines_dir: Path, seconds: float, rec: Recorder) -> dict[str, Any]:
+    """Per-request tokenizer cost, and pool throughput over a NullEngine (asyncio and uvloop)."""
+    from inference.bench import QUESTIONS
+    from inference.tokenizer import E5Tokenizer
+
+    tok = E5Tokenizer.load(engines_dir)
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < 1.0:
+        for q in QUESTIONS:
+            tok.encode_batch([q])
+            n += 1
+    out: dict[str, Any] = {"tokenize_one_us": round((time.perf_counter() - t0) / n * 1e6, 1)}
+    t0 = time.perf_counter()
+    for _ in range(20):
+        tok.encode_batch(list(QUESTIONS))
+    out["tokenize_batch32_us_per_text"] = round((time.perf_counter() - t0) / (20 * len(QUESTIONS)) * 1e6, 1)
+    plan = [(1, "batched", 0.0, 256, "encode", (256,)), (1, "batched", 0.0, 256, "pretokenized", (256,))]
+    out["null_asyncio"] = asyncio.run(pool_bench(lambda **kw: NullEngine(), engines_dir, seconds, rec, plan, "-null"))
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        out["null_uvloop"] = asyncio.run(pool_bench(lambda **kw: NullEngine(), engines_dir, seconds, rec, plan,
+                                                    "-null-uvloop"), loop_factory=uvloop.new_event_loop)
+    return out
+
+
+async def _drive(submit: Callable[[Any], Any], items: list, concurrency: int, seconds: float, batcher) -> dict:
+    lat: list[float] = []
+    errors = 0
+    stop = time.perf_counter() + seconds
+    b0, r0 = batcher.stats.batches_run, batcher.stats.requests_run
+
+    async def client(start: int) -> None:
+        nonlocal errors
+        i = start
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            try:
+                await submit(items[i % len(items)])
+                lat.append((time.perf_counter() - t0) * 1000)
+            except Exception:  # noqa: BLE001
+                errors += 1
+            i += concurrency
+
+    t_start = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(concurrency)))
+    elapsed = time.perf_counter() - t_start
+    batches = batcher.stats.batches_run - b0
+    arr = np.asarray(lat) if lat else np.zeros(1)
+    return {"concurrency": concurrency, "requests": len(lat), "errors": errors, "seconds": round(elapsed, 2),
+            "throughput": round(len(lat) / elapsed, 1), "p50_ms": round(float(np.percentile(arr, 50)), 3),
+            "p99_ms": round(float(np.percentile(arr, 99)), 3),
+            "mean_batch": round((batcher.stats.requests_run - r0) / batches, 1) if batches else 0.0}
+
+
+POOL_PLAN = [(1, "batched", 0.0, 256, "encode", CONCURRENCIES),
+             (1, "batched", 0.0, 256, "pretokenized", CONCURRENCIES),
+             (1, "batched", 2.0, 256, "encode", (32, 256)),
+             (1, "unbatched", 0.0, 1, "encode", (32, 256)),
+             (2, "batched", 0.0, 256, "encode", CONCURRENCIES)]
+"""(workers, batching, max_queue_delay_ms, max_batch_size, mode, concurrencies) per pool run."""
+
+
+async def pool_bench(make_engine, engines_dir: Path, seconds: float, rec: Recorder, plan=None,
+                     tag: str = "") -> dict[str, Any]:
+    from bot.config import InferenceConfig
+    from inference.bench import QUESTIONS
+    from inference.encoder import Encoder, batcher_for
+    from inference.pool import InferencePool
+    from inference.tokenizer import E5Tokenizer
+
+    tok = E5Tokenizer.load(engines_dir)
+    windows = [w for per in tok.encode_batch(list(QUESTIONS)) for w in per]
+    runs = []
+    plan = plan or POOL_PLAN
+    for workers in sorted({p[0] for p in plan}):
+        pool = await InferencePool.start(lambda: make_engine(cuda_graphs=True, key="pool"), workers, tok.pad_id)
+        try:
+            for w, label, delay, max_batch, mode, concs in plan:
+                if w != workers:
+                    continue
+                cfg = InferenceConfig(workers=workers, max_batch_size=max_batch, max_batch_tokens=16384,
+                                      max_queue_delay_ms=delay, max_queue_size=8192, deadline_ms=10000.0)
+                enc = Encoder(tok, pool, batcher_for(cfg, pool))
+                try:
+                    for q in QUESTIONS[:8]:
+                        await enc.encode([q])
+                    if mode == "encode":
+                        submit, items = (lambda text, enc=enc: enc.encode([text])), list(QUESTIONS)
+                    else:
+                        submit, items = (lambda win, enc=enc: enc.batcher.submit(win)), windows
+                    for c in concs:
+                        r = await _drive(submit, items, c, seconds, enc.batcher)
+                        r.update(workers=workers, mode=mode, batching=label, max_queue_delay_ms=delay,
+                                 max_batch_size=enc.batcher.max_batch_size, loop=tag or "asyncio")
+                        rec.log(f"    pool{tag} w={workers} {label} delay={delay} {mode} c={c}: "
+                                f"{r['throughput']}/s p50 {r['p50_ms']} p99 {r['p99_ms']} batch {r['mean_batch']}")
+                        runs.append(r)
+                finally:
+                    await enc.batcher.close()
+        finally:
+            await pool.close()
+    return {"runs": runs, "seconds_per_run": seconds}
+
+
+def tensorrt_cuda_python_path(seconds: float) -> dict[str, Any]:
+    """The TensorRT engine over the real cuda-python runtime, TensorRT replaced by the test double."""
+    import cuda.bindings.runtime as cudart  # noqa: F401 - the real one must be what the engine imports
+
+    spec = importlib.util.spec_from_file_location("trt_double", REPO / "tests" / "test_tensorrt.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from inference import build_engine as be
+    from inference.engines.tensorrt import TensorRTEngine
+    from inference.pool import InferencePool, pad_batch
+
+    out: dict[str, Any] = {"cudart_module": be.import_cudart().__name__}
+    for version in ("10.13.3.9", "11.4.1.2"):
+        sys.modules["tensorrt"] = mod.make_fake_tensorrt(version)
+        d = Path(tempfile.mkdtemp(prefix="trt-"))
+        onnx_path = mod.write_tiny_bert_onnx(d / "model.onnx")
+        spec_small = be.BuildSpec(max_batch_size=64, max_tokens=1024, opt_tokens=256)
+        probe = TensorRTEngine(d, spec=spec_small)  # made on this thread, like the manager's probe
+        handed: list = [probe]
+
+        def factory():
+            return handed.pop() if handed else TensorRTEngine(d, spec=spec_small)
+
+        async def go():
+            pool = await InferencePool.start(factory, 2, 1)
+            rng = np.random.default_rng(0)
+            n, worst, t_end = 0, 1.0, time.perf_counter() + seconds
+            try:
+                while time.perf_counter() < t_end:
+                    batches = []
+                    for _ in range(8):
+                        b, t = int(rng.integers(1, 64)), int(rng.integers(1, 300))
+                        batches.append([[0] + list(rng.integers(3, 64, max(0, int(rng.integers(1, t + 1)) - 2))) + [2]
+                                        for _ in range(b)])
+                    outs = await asyncio.gather(*(pool.run_batch(w) for w in batches))
+                    for w, o in zip(batches, outs):
+                        ref = mod.ort_reference(onnx_path, *pad_batch(w, 1))
+                        worst = min(worst, float(cosine_rows(o, ref).min()))
+                        n += 1
+            finally:
+                await pool.close()
+            return n, worst
+
+        n, worst = asyncio.run(go())
+        out[version] = {"batches": n, "min_cosine_vs_onnxruntime": worst, "engine_file": sorted(p.name for p in d.glob("*.engine")),
+                        "builds": sys.modules["tensorrt"].stats["builds"],
+                        "executions": sys.modules["tensorrt"].stats["executions"]}
+        del sys.modules["tensorrt"]
+    return out
+
+
+def run_pytest() -> dict[str, Any]:
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_torch_cuda.py",
+                        "-rs"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    tail = (p.stdout + p.stderr).strip().splitlines()[-15:]
+    return {"returncode": p.returncode, "tail": tail}
+
+
+ALL_STEPS = ("parity", "latency", "memory", "pool", "tensorrt", "pytest")
+
+
+def run(carry: Path, out: Path, seconds: float, device: str, steps=ALL_STEPS) -> int:
+    rec = Recorder(out)
+    import torch
+
+    from inference.engines.torch_cuda import TorchCudaEngine
+
+    rec.results["env"] = env_info(device)
+    rec.log(json.dumps(rec.results["env"]))
+    bert, meta = load_carried_bert(carry)
+    rec.results["meta"] = meta
+    dev: Any = 0 if device == "cuda" else "cpu"
+
+    def make_engine(cuda_graphs: bool = True, key: Any = "bench", **kw):
+        return TorchCudaEngine(bert, key=key, device=dev, cuda_graphs=cuda_graphs, pad_id=meta["pad_id"], **kw)
+
+    engines_dir = unpack_engines_dir(carry)
+    quick = device == "cpu"
+    want = set(steps)
+    gpu = device == "cuda"
+    if "parity" in want:
+        rec.step("parity", lambda: parity(make_engine, carry))
+    if "latency" in want:
+        grid_b, grid_t = ((1, 8), (16, 64)) if quick else (BATCHES, SEQS)
+        rec.step("latency", lambda: latency_grid(make_engine, 0.05 if quick else 0.25, grid_b, grid_t))
+    if "memory" in want and gpu:
+        rec.step("memory", lambda: memory(make_engine))
+    if "memory_caps" in want and gpu:
+        rec.step("memory_caps", lambda: memory_caps(bert, meta["pad_id"]))
+    if "gpu_time" in want and gpu:
+        rec.step("gpu_time", lambda: gpu_time(make_engine))
+    if "frontend" in want:
+        rec.step("frontend", lambda: frontend(engines_dir, seconds, rec))
+    if "pool" in want:
+        rec.step("pool", lambda: asyncio.run(pool_bench(make_engine, engines_dir, seconds, rec)))
+    if "pool_uvloop" in want:
+        import uvloop
+
+        plan = [(1, "batched", 0.0, 256, "encode", CONCURRENCIES), (1, "batched", 0.0, 256, "pretokenized", CONCURRENCIES)]
+        rec.step("pool_uvloop", lambda: asyncio.run(pool_bench(make_engine, engines_dir, seconds, rec, plan, "-uvloop"),
+                                                    loop_factory=uvloop.new_event_loop))
+    if "tensorrt" in want and gpu:
+        rec.step("tensorrt_cuda_python", lambda: tensorrt_cuda_python_path(2.0))
+    if "pytest" in want and gpu:
+        rec.step("pytest_torch_cuda", run_pytest)
+    summarize(rec)
+    rec.save()
+    del torch
+    return 0
+
+
+def summarize(rec: Recorder) -> None:
+    r = rec.results
+    lines = ["", "===== SUMMARY ====="]
+    p = r.get("parity") or {}
+    for k in ("graphs", "eager"):
+        if isinstance(p.get(k), dict):
+            lines.append(f"parity {k}: min cos single {p[k]['single_min_cosine']:.6f} batched {p[k]['batched_min_cosine']:.6f}")
+    lat = (r.get("latency") or {}).get("rows", [])
+    if lat:
+        lines.append("batch seq  eager_ms graphs_ms speedup enc/s(graphs)")
+        lines += [f"{x['batch']:5d} {x['seq']:4d} {x['eager_ms']:9.3f} {x['graphs_ms']:9.3f} {x['speedup']:7.2f} "
+                  f"{x['graphs_encodes_per_s']:9d}" for x in lat]
+    if "memory" in r:
+        lines.append(f"memory: {json.dumps(r['memory'])}")
+    for x in (r.get("pool") or {}).get("runs", []):
+        lines.append(f"pool w={x['workers']} {x['batching']:9s} d={x['max_queue_delay_ms']} {x['mode']:12s} "
+                     f"c={x['concurrency']:3d}: {x['throughput']:9.1f}/s p50 {x['p50_ms']:7.2f} p99 {x['p99_ms']:7.2f} "
+                     f"batch {x['mean_batch']} err {x['errors']}")
+    for k in ("memory_caps",):
+        if k in r:
+            lines.append(f"{k}: {json.dumps(r[k])}")
+    for x in (r.get("gpu_time") or {}).get("rows", []):
+        lines.append(f"gpu_time B={x['batch']:3d} T={x['seq']:3d}: replay {x['replay_ms']:.3f} ms, infer {x['infer_ms']:.3f} ms")
+    fe = r.get("frontend") or {}
+    if "tokenize_one_us" in fe:
+        lines.append(f"tokenize: {fe['tokenize_one_us']} us/text alone, {fe['tokenize_batch32_us_per_text']} us/text in 32s")
+    for key in ("null_asyncio", "null_uvloop"):
+        for x in (fe.get(key) or {}).get("runs", []):
+            lines.append(f"{key} {x['mode']:12s} c={x['concurrency']}: {x['throughput']:9.1f}/s p50 {x['p50_ms']} p99 {x['p99_ms']} batch {x['mean_batch']}")
+    for x in (r.get("pool_uvloop") or {}).get("runs", []):
+        lines.append(f"pool-uvloop {x['mode']:12s} c={x['concurrency']:3d}: {x['throughput']:9.1f}/s p50 {x['p50_ms']:7.2f} "
+                     f"p99 {x['p99_ms']:7.2f} batch {x['mean_batch']}")
+    for k in ("tensorrt_cuda_python", "pytest_torch_cuda"):
+        if k in r:
+            lines.append(f"{k}: {json.dumps(r[k])[:600]}")
+    for k, v in r.items():
+        if isinstance(v, dict) and "error" in v:
+            lines.append(f"FAILED {k}: {v['error']}")
+    rec.log("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack")
+    p.add_argument("--engines-dir", type=Path, default=REPO / "engines")
+    p.add_argument("--out", type=Path, default=REPO / ".gpucarry")
+    r = sub.add_parser("run")
+    r.add_argument("--carry", type=Path, default=REPO / ".gpucarry")
+    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
+    r.add_argument("--seconds", type=float, default=4.0, help="seconds per pool run")
+    r.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    r.add_argument("--steps", default=",".join(ALL_STEPS),
+                   help="comma list of: parity, latency, memory, memory_caps, gpu_time, frontend, pool, "
+                        "pool_uvloop, tensorrt, pytest")
+    args = ap.parse_args(argv)
+    if args.cmd == "pack":
+        pack(args.engines_dir, args.out)
+        return 0
+    return run(args.carry, args.out, args.seconds, args.device, tuple(args.steps.split(",")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
