@@ -719,7 +719,8 @@ def build_engine(onnx_path: Path, engines_dir: Path | None = None, spec: BuildSp
 # --------------------------------------------------------------------------- CLI
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The ``build-engine`` options (shared by ``healthbot build-engine`` and ``-m``)."""
-    ap.add_argument("--engines-dir", type=Path, default=Path("engines"))
+    ap.add_argument("--engines-dir", type=Path, default=None,
+                    help="folder with model.onnx (default: the config's engines_dir, else engines/)")
     ap.add_argument("--onnx", default="model.onnx", help="ONNX file name inside --engines-dir")
     ap.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     ap.add_argument("--precision", choices=("fp16", "fp32", "int8"), default="fp16",
@@ -733,8 +734,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     """Build from parsed ``build-engine`` arguments; print the engine path. Exit code 0/1."""
     spec = BuildSpec(max_batch_size=args.max_batch, precision=args.precision, per_bucket=not args.single_profile)
+    engines_dir = Path(args.engines_dir) if args.engines_dir else Path("engines")
     try:
-        res = build_engine(Path(args.engines_dir) / args.onnx, args.engines_dir, spec, device=args.device,
+        res = build_engine(engines_dir / args.onnx, engines_dir, spec, device=args.device,
                            force=args.force,
                            log=lambda event, **kw: print(event, json.dumps(kw, default=str), file=sys.stderr))
     except (BuildError, ImportError, RuntimeError) as exc:

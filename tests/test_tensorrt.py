@@ -995,3 +995,14 @@ def test_build_engine_cli_prints_the_engine_path(model_dir, fakes, capsys):
     assert be.main(["--engines-dir", str(model_dir), "--max-batch", "32"]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed.endswith(".engine") and Path(printed).is_file()
+
+
+def test_unexpected_errors_while_loading_become_engine_errors_so_the_manager_falls_back(model_dir, fakes, monkeypatch):
+    trt, _ = fakes
+
+    def broken(self, logger):
+        raise TypeError("pybind11 signature mismatch")
+
+    monkeypatch.setattr(trt.Runtime, "__init__", broken)
+    with pytest.raises(EngineError, match="TypeError: pybind11 signature mismatch"):
+        _engine(model_dir)

@@ -126,9 +126,12 @@ class TensorRTEngine:
         self._threads_ready: set[int] = set()
         try:
             self._load(Path(engines_dir), onnx_file, spec, build_missing)
-        except Exception:
+        except EngineError:
             self.close()
             raise
+        except Exception as exc:  # noqa: BLE001 - TensorRT/onnx raise their own types; the manager falls back on EngineError
+            self.close()
+            raise EngineError(f"TensorRT engine could not load: {type(exc).__name__}: {exc}") from exc
 
     # ------------------------------------------------------------------ load
     def _cuda(self, result: Any, what: str) -> Any:
