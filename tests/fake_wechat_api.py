@@ -1,0 +1,153 @@
+"""A fake WeChat server API on loopback, for tests of adapters/wechat_api.py and the adapter.
+
+Endpoints, with WeChat's documented request and answer shapes (获取 Access token,
+客服接口-发消息, 自定义菜单 / 创建接口; errcodes from 全局返回码说明):
+
+* ``GET /cgi-bin/token?grant_type=client_credential&appid=&secret=`` →
+  ``{"access_token": "tok-N", "expires_in": 7200}``; a wrong appid/secret → 40013 /
+  40125. Each fetch makes the new token the only valid one, as WeChat does once its
+  5-minute overlap is over.
+* ``POST /cgi-bin/message/custom/send?access_token=`` and ``POST /cgi-bin/menu/create``
+  → ``{"errcode": 0, "errmsg": "ok"}``; a token that is not valid → 40001.
+
+Scripting: :meth:`FakeWechatApi.fail` makes the next N calls of a path answer an
+errcode (40001, 40014, 42001, 45009, 45047, ...); ``delays`` holds seconds to wait
+per path before answering. Every call is counted (``calls``) and every accepted
+message and menu kept (``sent``, ``menus``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter, defaultdict, deque
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+TOKEN = "/cgi-bin/token"
+SEND = "/cgi-bin/message/custom/send"
+MENU = "/cgi-bin/menu/create"
+
+ERRMSG = {
+    40001: "invalid credential, access_token is invalid or not latest",
+    40013: "invalid appid",
+    40014: "invalid access_token",
+    40125: "invalid appsecret",
+    42001: "access_token expired",
+    45009: "reach max api daily quota limit",
+    45015: "response out of time limit or subscription is canceled",
+    45047: "out of response count limit",
+    -1: "system error",
+}
+
+
+class FakeWechatApi:
+    """The fake server; ``await start()`` → base URL ``http://127.0.0.1:PORT``.
+
+    Args:
+        appid / secret: the credentials /cgi-bin/token accepts.
+        expires_in: seconds reported with each token.
+    """
+
+    def __init__(self, appid: str = "wx0123456789abcdef", secret: str = "app-secret-for-tests",
+                 expires_in: int = 7200):
+        self.appid = appid
+        self.secret = secret
+        self.expires_in = expires_in
+        self.calls: Counter[str] = Counter()
+        self.sent: list[dict[str, Any]] = []       # accepted custom/send bodies, in arrival order
+        self.raw_bodies: list[bytes] = []          # every custom/send body as received
+        self.menus: list[dict[str, Any]] = []
+        self.delays: dict[str, float] = defaultdict(float)
+        self.valid_tokens: set[str] = set()
+        self.issued = 0
+        self._script: dict[str, deque[int]] = defaultdict(deque)
+        self._server: TestServer | None = None
+
+    # ---- scripting
+
+    def fail(self, path: str, errcode: int, times: int = 1) -> None:
+        """The next ``times`` calls of ``path`` answer ``errcode``."""
+        self._script[path].extend([errcode] * times)
+
+    def revoke_tokens(self) -> None:
+        """Every token issued so far stops working (someone else fetched one)."""
+        self.valid_tokens.clear()
+
+    @property
+    def contents(self) -> list[str]:
+        """Texts of the accepted customer-service messages, in order."""
+        return [m["text"]["content"] for m in self.sent]
+
+    # ---- server
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get(TOKEN, self._token)
+        app.router.add_post(SEND, self._send)
+        app.router.add_post(MENU, self._menu)
+        self._server = TestServer(app, host="127.0.0.1", port=0)
+        await self._server.start_server()
+        return str(self._server.make_url("")).rstrip("/")
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.close()
+
+    async def _common(self, request: web.Request, path: str) -> web.Response | None:
+        self.calls[path] += 1
+        if self.delays[path]:
+            await asyncio.sleep(self.delays[path])
+        if self._script[path]:
+            code = self._script[path].popleft()
+            return web.json_response({"errcode": code, "errmsg": ERRMSG.get(code, "scripted error")})
+        return None
+
+    async def _token(self, request: web.Request) -> web.Response:
+        scripted = await self._common(request, TOKEN)
+        if scripted is not None:
+            return scripted
+        q = request.query
+        if q.get("grant_type") != "client_credential" or q.get("appid") != self.appid:
+            return web.json_response({"errcode": 40013, "errmsg": ERRMSG[40013]})
+        if q.get("secret") != self.secret:
+            return web.json_response({"errcode": 40125, "errmsg": ERRMSG[40125]})
+        self.issued += 1
+        token = f"tok-{self.issued}"
+        self.valid_tokens = {token}
+        return web.json_response({"access_token": token, "expires_in": self.expires_in})
+
+    def _authorized(self, request: web.Request) -> web.Response | None:
+        if request.query.get("access_token") not in self.valid_tokens:
+            return web.json_response({"errcode": 40001, "errmsg": ERRMSG[40001]})
+        return None
+
+    async def _send(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        self.raw_bodies.append(raw)
+        scripted = await self._common(request, SEND)
+        if scripted is not None:
+            return scripted
+        refused = self._authorized(request)
+        if refused is not None:
+            return refused
+        body = json.loads(raw)
+        if body.get("msgtype") != "text" or not body.get("touser"):
+            return web.json_response({"errcode": 40008, "errmsg": "invalid message type"})
+        if len(body["text"]["content"].encode("utf-8")) > 2048:
+            return web.json_response({"errcode": 45002, "errmsg": "content size out of limit"})
+        self.sent.append(body)
+        return web.json_response({"errcode": 0, "errmsg": "ok"})
+
+    async def _menu(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        scripted = await self._common(request, MENU)
+        if scripted is not None:
+            return scripted
+        refused = self._authorized(request)
+        if refused is not None:
+            return refused
+        self.menus.append(json.loads(raw))
+        return web.json_response({"errcode": 0, "errmsg": "ok"})
