@@ -8,22 +8,33 @@ one gets the stored Reply. End-to-end tests with the real dispatcher live elsewh
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
+import xml.etree.ElementTree as ET
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from structlog.testing import capture_logs
+from wechatpy.crypto import WeChatCrypto
 
 from adapters import wechat_constants as wc
-from adapters.wechat import WECHAT_ADAPTER, fit_passive_text, setup_wechat
+from adapters import wechat as wechat_mod
+from adapters.wechat import WECHAT_ADAPTER, fit_passive_text, paginate, setup_wechat, split_text
 from bot.config import Config, ConfigError
+from bot.store import MemoryStore
 from bot.types import Inbound, Intent, MessageKind, Reply
 try:  # tests/ is a package or a rootdir-relative folder, depending on who adds __init__.py
     from tests import wechat_client as wx
+    from tests.conftest import requires_model
+    from tests.fake_wechat_api import SEND as SEND_PATH, TOKEN as TOKEN_PATH, FakeWechatApi
 except ImportError:  # pragma: no cover
     import wechat_client as wx  # type: ignore[no-redef]
+    from conftest import requires_model  # type: ignore[no-redef]
+    from fake_wechat_api import SEND as SEND_PATH, TOKEN as TOKEN_PATH, FakeWechatApi  # type: ignore[no-redef]
 
 TOKEN = "healthbot_test_token"
 APPID = "wx0123456789abcdef"
@@ -90,7 +101,7 @@ async def serve():
         for key, value in wechat.items():
             setattr(cfg.wechat, key, value)
         app = web.Application()
-        setup_wechat(app, cfg, dispatcher)
+        setup_wechat(app, cfg, dispatcher, store=MemoryStore())
         client = TestClient(TestServer(app, host="127.0.0.1", port=0))
         await client.start_server()
         clients.append(client)
@@ -505,28 +516,51 @@ async def test_cdata_terminator_survives_safe_mode(serve, signer):
         assert wx.parse_reply(signer.open_safe_reply(await resp.text()))["Content"] == "x]]>y"
 
 
-async def test_long_reply_is_cut_to_2048_bytes_keeping_the_disclaimer(serve, signer):
+MORE = "回复 1 查看更多"
+
+
+async def read_pages(client: TestClient, signer: wx.WechatSigner, first: str, msg_id: int) -> list[str]:
+    """Page 1 (``first``), then one "1" after another while a page says there is more."""
+    pages = [first]
+    while MORE in pages[-1]:
+        msg_id += 1
+        assert len(pages) < 50
+        status, body = await post(client, signer, wx.text_xml("1", msg_id=msg_id))
+        pages.append(wx.parse_reply(body)["Content"])
+    return pages
+
+
+async def test_long_reply_is_paged_with_the_disclaimer_on_every_page(serve, signer):
     answer = "".join(f"第{i}条：早睡早起，适当运动，饮食清淡。" for i in range(200))
     text = answer + "\n\n" + DISCLAIMER
     assert len(text.encode()) > 3 * wc.PASSIVE_TEXT_MAX_BYTES
     client = await serve(CachingDispatcher(text=text))
-    status, body = await post(client, signer, wx.text_xml("x"))
-    content = wx.parse_reply(body)["Content"]
-    assert len(content.encode("utf-8")) <= wc.PASSIVE_TEXT_MAX_BYTES
-    assert content.endswith("\n\n" + DISCLAIMER)
-    head = content[: -len("\n\n" + DISCLAIMER)]
-    assert head.endswith("。…")  # cut at a sentence end, marked
-    assert answer.startswith(head[:-1])
+    status, body = await post(client, signer, wx.text_xml("x", msg_id=100))
+    pages = await read_pages(client, signer, wx.parse_reply(body)["Content"], 100)
+    assert len(pages) >= 4
+    bodies = []
+    for i, page in enumerate(pages):
+        assert len(page.encode("utf-8")) <= wc.PASSIVE_TEXT_MAX_BYTES
+        assert page.endswith("\n\n" + DISCLAIMER)  # whoever stops reading still saw it
+        head = page[: -len("\n\n" + DISCLAIMER)]
+        if i < len(pages) - 1:
+            assert head.endswith("\n\n" + MORE)
+            head = head[: -len("\n\n" + MORE)]
+        assert head.endswith("。")  # cut at a sentence end
+        bodies.append(head)
+    assert "".join(bodies) == answer  # nothing lost, nothing repeated, in order
 
 
 async def test_long_reply_without_paragraphs_is_cut_on_a_character_boundary(serve, signer):
     text = "a" + "中" * 1000  # 3001 bytes; byte 2048 falls inside a character
     client = await serve(CachingDispatcher(text=text))
-    status, body = await post(client, signer, wx.text_xml("x"))
-    content = wx.parse_reply(body)["Content"]
-    assert len(content.encode("utf-8")) <= wc.PASSIVE_TEXT_MAX_BYTES
-    assert content.endswith("…") and text.startswith(content[:-1])
-    assert len(content.encode("utf-8")) > wc.PASSIVE_TEXT_MAX_BYTES - 6  # nothing more than needed dropped
+    status, body = await post(client, signer, wx.text_xml("x", msg_id=200))
+    pages = await read_pages(client, signer, wx.parse_reply(body)["Content"], 200)
+    assert len(pages) == 2
+    assert all(len(p.encode("utf-8")) <= wc.PASSIVE_TEXT_MAX_BYTES for p in pages)
+    first = pages[0].removesuffix("\n\n" + MORE)
+    assert first + pages[1] == text
+    assert len(first.encode()) > wc.PASSIVE_TEXT_MAX_BYTES - len(("\n\n" + MORE).encode()) - 3
 
 
 def test_fit_passive_text_never_exceeds_the_limit_or_splits_a_character():
@@ -568,3 +602,405 @@ def test_bad_aes_key_is_a_config_error():
     cfg.wechat.token, cfg.wechat.mode, cfg.wechat.aes_key = TOKEN, "safe", "!" * 43
     with pytest.raises(ConfigError, match="aes_key"):
         setup_wechat(web.Application(), cfg, CachingDispatcher())
+
+
+# --------------------------------------------------------------------------- issue 4: late answers, exactly once
+
+APPSECRET = "app-secret-for-tests"
+SEP = wechat_mod.SEGMENT_SEPARATOR
+
+
+@pytest.fixture
+async def fake_api():
+    server = FakeWechatApi(APPID, APPSECRET)
+    server.url = await server.start()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+def quick_follow_up(monkeypatch):
+    """Customer-service pages after a passive page 1 follow at once (not 1 s later)."""
+    monkeypatch.setattr(wechat_mod, "KF_FOLLOW_UP_DELAY_S", 0.01)
+
+
+def service(fake: FakeWechatApi, **kw: Any) -> dict[str, Any]:
+    return {"account_type": "service", "appsecret": APPSECRET, "api_base": fake.url, **kw}
+
+
+def wechatpy_safe_post(aes_key: str, xml: str, nonce: str = "4455667788") -> tuple[str, bytes]:
+    """A safe-mode POST as WeChat sends it, encrypted and signed by wechatpy (not by tests/wechat_client.py)."""
+    ts = str(int(time.time()))
+    envelope = WeChatCrypto(TOKEN, aes_key, APPID).encrypt_message(xml, nonce, ts)
+    fields = wx.parse_reply(envelope)  # <Encrypt>, <MsgSignature>, <TimeStamp>, <Nonce>
+    q = {"signature": wx.sign(TOKEN, ts, nonce), "timestamp": ts, "nonce": nonce, "openid": wx.USER,
+         "encrypt_type": "aes", "msg_signature": fields["MsgSignature"]}
+    body = f"<xml><ToUserName><![CDATA[{wx.ACCOUNT}]]></ToUserName><Encrypt><![CDATA[{fields['Encrypt']}]]></Encrypt></xml>"
+    return "/wechat?" + urlencode(q), body.encode()
+
+
+def wechatpy_open_reply(aes_key: str, body: str) -> dict[str, str]:
+    env = wx.parse_reply(body)
+    xml = WeChatCrypto(TOKEN, aes_key, APPID).decrypt_message(body, env["MsgSignature"], env["TimeStamp"], env["Nonce"])
+    return wx.parse_reply(xml)
+
+
+async def test_three_deliveries_while_slow_subscription_computes_once_and_delivers_once(serve, signer):
+    dispatcher = CachingDispatcher(delay_s=1.0)
+    client = await serve(dispatcher, reply_budget_s=0.2)
+    adapter = client.app[WECHAT_ADAPTER]
+    xml = wx.text_xml("手脚冰凉怎么办", msg_id=4242)
+    results = [await post(client, signer, xml, nonce=f"d{i}") for i in range(wc.MAX_DELIVERIES)]
+    assert results == [(200, "success")] * wc.MAX_DELIVERIES  # each within its budget, no error for the user
+    await adapter.drain(timeout_s=5)
+    assert (dispatcher.started, dispatcher.completed) == (1, 1)
+    # WeChat's next delivery of the same message gets the kept answer, passively...
+    status, body = await post(client, signer, xml, nonce="d3")
+    assert wx.parse_reply(body)["Content"] == "答：手脚冰凉怎么办"
+    # ...and the user's next message gets only its own answer: delivered exactly once.
+    dispatcher.delay_s = 0
+    status, body = await post(client, signer, wx.text_xml("失眠怎么办", msg_id=4243))
+    assert wx.parse_reply(body)["Content"] == "答：失眠怎么办"
+    status, body = await post(client, signer, xml, nonce="d4")  # one more stray delivery: replayed, same text
+    assert wx.parse_reply(body)["Content"] == "答：手脚冰凉怎么办"
+    assert (adapter.stats["late_pending"], adapter.stats["pending_delivered"]) == (1, 1)
+    assert dispatcher.started == 2
+
+
+async def test_subscription_late_answer_comes_with_the_users_next_message(serve, signer):
+    dispatcher = CachingDispatcher(delay_s=0.6)
+    client = await serve(dispatcher, reply_budget_s=0.2)
+    assert await post(client, signer, wx.text_xml("手脚冰凉怎么办", msg_id=51)) == (200, "success")
+    await client.app[WECHAT_ADAPTER].drain(timeout_s=5)
+    dispatcher.delay_s = 0
+    status, body = await post(client, signer, wx.text_xml("失眠怎么办", msg_id=52))
+    expected = "您之前问的“手脚冰凉怎么办”：\n答：手脚冰凉怎么办" + SEP + "答：失眠怎么办"
+    assert wx.parse_reply(body)["Content"] == expected
+    # Neither comes again: a re-delivery of 51 finds it delivered, of 52 gets the same reply.
+    assert await post(client, signer, wx.text_xml("手脚冰凉怎么办", msg_id=51), nonce="r") == (200, "success")
+    status, body = await post(client, signer, wx.text_xml("失眠怎么办", msg_id=52), nonce="r")
+    assert wx.parse_reply(body)["Content"] == expected
+    status, body = await post(client, signer, wx.text_xml("口干怎么办", msg_id=53))
+    assert wx.parse_reply(body)["Content"] == "答：口干怎么办"
+
+
+async def test_three_deliveries_while_slow_service_account_sends_once_through_the_api(serve, signer, fake_api):
+    dispatcher = CachingDispatcher(delay_s=1.0)
+    client = await serve(dispatcher, reply_budget_s=0.2, **service(fake_api))
+    adapter = client.app[WECHAT_ADAPTER]
+    xml = wx.text_xml("手脚冰凉怎么办", msg_id=4300)
+    results = [await post(client, signer, xml, nonce=f"d{i}") for i in range(wc.MAX_DELIVERIES)]
+    assert results == [(200, "success")] * wc.MAX_DELIVERIES
+    await adapter.drain(timeout_s=5)
+    assert dispatcher.started == 1
+    assert fake_api.contents == ["答：手脚冰凉怎么办"]
+    assert fake_api.sent[0]["touser"] == wx.USER and fake_api.calls[TOKEN_PATH] == 1
+    assert await post(client, signer, xml, nonce="d3") == (200, "success")  # already sent: not again
+    dispatcher.delay_s = 0
+    status, body = await post(client, signer, wx.text_xml("失眠怎么办", msg_id=4301))
+    assert wx.parse_reply(body)["Content"] == "答：失眠怎么办"
+    assert fake_api.contents == ["答：手脚冰凉怎么办"]
+    assert adapter.stats["late_kf"] == 1 and adapter.api.stats["kf_sent"] == 1
+
+
+async def test_answer_ready_when_the_late_sender_and_a_retry_race_is_delivered_once(serve, signer, fake_api):
+    """The retry arrives just as the computation ends: one of them claims it, never both."""
+    for round_ in range(5):
+        dispatcher = CachingDispatcher(delay_s=0.25)
+        client = await serve(dispatcher, reply_budget_s=0.2, **service(fake_api))
+        xml = wx.text_xml("问", msg_id=7000 + round_)
+        first = asyncio.create_task(post(client, signer, xml, nonce="a"))
+        await asyncio.sleep(0.22)
+        status, body = await post(client, signer, xml, nonce="b")
+        await first
+        await client.app[WECHAT_ADAPTER].drain(timeout_s=5)
+        passive = body != "success"
+        sent = fake_api.contents.count("答：问")
+        assert passive + sent == 1, (round_, body, fake_api.contents)
+        fake_api.sent.clear()
+
+
+@pytest.mark.parametrize("errcode", [wc.ERR_KF_OUT_OF_LIMIT, wc.ERR_API_QUOTA])
+async def test_refused_customer_service_send_is_logged_and_the_answer_waits_for_the_next_message(
+        serve, signer, fake_api, errcode):
+    dispatcher = CachingDispatcher(delay_s=0.5)
+    client = await serve(dispatcher, reply_budget_s=0.2, **service(fake_api))
+    adapter = client.app[WECHAT_ADAPTER]
+    fake_api.fail(SEND_PATH, errcode)
+    with capture_logs() as logs:
+        assert await post(client, signer, wx.text_xml("手脚冰凉怎么办", msg_id=81)) == (200, "success")
+        await adapter.drain(timeout_s=5)
+    assert fake_api.contents == [] and fake_api.calls[SEND_PATH] == 1
+    expected_event = "wechat_api.kf_limit" if errcode == wc.ERR_KF_OUT_OF_LIMIT else "wechat_api.quota_exceeded"
+    assert any(e["event"] == expected_event for e in logs)
+    assert adapter.api.stats["kf_limit" if errcode == wc.ERR_KF_OUT_OF_LIMIT else "quota_exceeded"] == 1
+    dispatcher.delay_s = 0
+    status, body = await post(client, signer, wx.text_xml("失眠怎么办", msg_id=82))
+    assert wx.parse_reply(body)["Content"] == "您之前问的“手脚冰凉怎么办”：\n答：手脚冰凉怎么办" + SEP + "答：失眠怎么办"
+
+
+async def test_40001_during_a_late_send_refetches_the_token_once(serve, signer, fake_api):
+    dispatcher = CachingDispatcher(delay_s=0.4)
+    client = await serve(dispatcher, reply_budget_s=0.2, **service(fake_api))
+    adapter = client.app[WECHAT_ADAPTER]
+    await adapter.store.set("wechat:access_token", "token-another-worker-replaced", 6000)
+    assert await post(client, signer, wx.text_xml("x", msg_id=91)) == (200, "success")
+    await adapter.drain(timeout_s=5)
+    assert fake_api.contents == ["答：x"]
+    assert (fake_api.calls[TOKEN_PATH], fake_api.calls[SEND_PATH]) == (1, 2)
+
+
+# --------------------------------------------------------------------------- issue 4: long answers
+
+ANSWER_6000 = "".join(f"第{i}条建议：规律作息，早睡早起，饮食清淡，适量运动，保持心情舒畅。" for i in range(400))[:6000]
+
+
+def _bodies(pages: list[str], hint: bool) -> list[str]:
+    """Page bodies without the disclaimer tail (and the continuation line where ``hint``)."""
+    out = []
+    for page in pages:
+        assert len(page.encode("utf-8")) <= wc.PASSIVE_TEXT_MAX_BYTES, len(page.encode())
+        assert page.endswith("\n\n" + DISCLAIMER)
+        page = page[: -len("\n\n" + DISCLAIMER)]
+        if hint:
+            page = page.removesuffix("\n\n" + MORE)
+        out.append(page)
+    return out
+
+
+async def test_6000_character_answer_subscription_pages_in_order_under_2048_bytes(serve, signer):
+    assert len(ANSWER_6000) == 6000
+    client = await serve(CachingDispatcher(text=ANSWER_6000 + "\n\n" + DISCLAIMER))
+    status, body = await post(client, signer, wx.text_xml("怎么养生", msg_id=300))
+    pages = await read_pages(client, signer, wx.parse_reply(body)["Content"], 300)
+    assert len(pages) >= 9
+    assert "".join(_bodies(pages, hint=True)) == ANSWER_6000
+
+
+async def test_6000_character_answer_service_page_1_passive_rest_through_the_api(serve, signer, fake_api,
+                                                                                  quick_follow_up):
+    client = await serve(CachingDispatcher(text=ANSWER_6000 + "\n\n" + DISCLAIMER), **service(fake_api))
+    status, body = await post(client, signer, wx.text_xml("怎么养生", msg_id=400))
+    first = wx.parse_reply(body)["Content"]
+    assert MORE not in first  # the rest comes by itself
+    await client.app[WECHAT_ADAPTER].drain(timeout_s=5)
+    sent = fake_api.contents
+    assert len(sent) == wc.KF_MESSAGES_PER_USER_MESSAGE  # the user's quota for one message
+    assert MORE in sent[-1] and all(MORE not in p for p in sent[:-1])
+    pages = await read_pages(client, signer, sent[-1], 400)  # the rest on "1"
+    bodies = _bodies([first], hint=False) + _bodies(sent[:-1], hint=False) + _bodies(pages, hint=True)
+    assert "".join(bodies) == ANSWER_6000
+
+
+async def test_retried_continuation_gets_the_same_page_not_the_next(serve, signer):
+    client = await serve(CachingDispatcher(text=ANSWER_6000))
+    await post(client, signer, wx.text_xml("怎么养生", msg_id=500))
+    one = wx.text_xml("1", msg_id=501)
+    _, a = await post(client, signer, one, nonce="x")
+    _, b = await post(client, signer, one, nonce="y")
+    _, c = await post(client, signer, wx.text_xml("1", msg_id=502))
+    assert wx.parse_reply(a)["Content"] == wx.parse_reply(b)["Content"] != wx.parse_reply(c)["Content"]
+
+
+async def test_1_without_unread_pages_is_an_ordinary_message(serve, signer):
+    dispatcher = CachingDispatcher()
+    client = await serve(dispatcher)
+    status, body = await post(client, signer, wx.text_xml("1", msg_id=600))
+    assert wx.parse_reply(body)["Content"] == "答：1" and dispatcher.calls[0].text == "1"
+
+
+async def test_a_new_answer_drops_unread_pages_of_the_old_one(serve, signer):
+    dispatcher = CachingDispatcher(text=ANSWER_6000)
+    client = await serve(dispatcher)
+    await post(client, signer, wx.text_xml("怎么养生", msg_id=700))
+    dispatcher.text = None
+    await post(client, signer, wx.text_xml("别的问题", msg_id=701))
+    status, body = await post(client, signer, wx.text_xml("1", msg_id=702))
+    assert wx.parse_reply(body)["Content"] == "答：1"
+
+
+def test_split_text_random_texts_keep_every_character_in_order():
+    rng = random.Random(11)
+    alphabet = ["a", " ", ".", "。", "，", "\n", "中", "é", "😀", "👨\u200d👩\u200d👧", "！", "e\u0301", "]]>"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3000)))
+        limit = rng.choice([4, 16, 100, 700, wc.PASSIVE_TEXT_MAX_BYTES])
+        parts = split_text(text, limit)
+        assert all(len(p.encode("utf-8")) <= limit for p in parts)
+        assert "".join(parts).replace(" ", "").replace("\n", "") == text.replace(" ", "").replace("\n", "")
+
+
+def test_paginate_leaves_room_for_the_hint_and_the_tail():
+    text = "。".join(["很长的一句话" * 20] * 60) + "\n\n" + DISCLAIMER
+    pages = paginate(text, "zh")
+    assert pages.tail == DISCLAIMER and len(pages.bodies) > 3
+    for i in range(len(pages.bodies)):
+        assert len(pages.page(i, more=True).encode()) <= wc.PASSIVE_TEXT_MAX_BYTES
+    assert paginate("短", "en").page(0) == "短"
+    assert "Reply 1 for more" in paginate("x. " * 2000, "en").page(0, more=True)
+
+
+# --------------------------------------------------------------------------- issue 4: XML safety, safe mode
+
+async def test_u0002_in_a_message_and_cdata_end_in_the_answer_give_valid_xml(serve, signer):
+    class Echo(CachingDispatcher):
+        async def _compute(self, inbound):
+            return Reply(f"答：{inbound.text}]]><b>&amp;\x02结束", Intent.ANSWER)
+
+    client = await serve(Echo())
+    status, body = await post(client, signer, wx.text_xml("头\x02疼", msg_id=800))
+    assert status == 200
+    assert wx.parse_reply(body)["Content"] == "答：头疼]]><b>&amp;结束"  # parses; \x02 gone both ways
+
+
+async def test_safe_mode_round_trip_built_and_encrypted_by_wechatpy(serve, signer):
+    dispatcher = CachingDispatcher()
+    client = await serve(dispatcher, mode="safe", aes_key=signer.aes_key)
+    path, body = wechatpy_safe_post(signer.aes_key, wx.text_xml("秋燥\x02怎么办]]>", msg_id=900))
+    async with client.post(path, data=body) as resp:
+        assert resp.status == 200
+        reply = wechatpy_open_reply(signer.aes_key, await resp.text())
+    assert reply["Content"] == "答：秋燥怎么办]]>"
+    assert (reply["ToUserName"], reply["FromUserName"], reply["MsgType"]) == (wx.USER, wx.ACCOUNT, "text")
+
+
+async def test_safe_mode_late_answer_arrives_encrypted_with_the_next_message(serve, signer):
+    dispatcher = CachingDispatcher(delay_s=0.5)
+    client = await serve(dispatcher, mode="safe", aes_key=signer.aes_key, reply_budget_s=0.2)
+    path, body = wechatpy_safe_post(signer.aes_key, wx.text_xml("头疼", msg_id=910))
+    async with client.post(path, data=body) as resp:
+        assert (resp.status, await resp.text()) == (200, "success")
+    await client.app[WECHAT_ADAPTER].drain(timeout_s=5)
+    dispatcher.delay_s = 0
+    path, body = wechatpy_safe_post(signer.aes_key, wx.text_xml("眼干", msg_id=911))
+    async with client.post(path, data=body) as resp:
+        reply = wechatpy_open_reply(signer.aes_key, await resp.text())
+    assert reply["Content"] == "您之前问的“头疼”：\n答：头疼" + SEP + "答：眼干"
+
+
+# --------------------------------------------------------------------------- issue 4: handoff, unsubscribe
+
+class HandoffDispatcher(CachingDispatcher):
+    """"转人工" → the dispatcher's HANDOFF reply (bot/intents.py wording)."""
+
+    async def _compute(self, inbound):
+        await asyncio.sleep(self.delay_s)
+        if "人工" in inbound.text:
+            return Reply("好的，正在为您转接人工客服，请稍候。", Intent.HANDOFF, handoff=True)
+        return Reply(f"答：{inbound.text}", Intent.ANSWER)
+
+
+@pytest.mark.parametrize("kf_account", ["", "nurse1@gh_test_account"])
+async def test_zhuan_rengong_replies_transfer_customer_service(serve, signer, kf_account):
+    client = await serve(HandoffDispatcher(), kf_account=kf_account)
+    status, body = await post(client, signer, wx.text_xml("转人工", msg_id=1000))
+    root = ET.fromstring(body)
+    assert root.findtext("MsgType") == "transfer_customer_service"
+    assert (root.findtext("ToUserName"), root.findtext("FromUserName")) == (wx.USER, wx.ACCOUNT)
+    assert root.findtext("Content") is None
+    assert root.findtext("TransInfo/KfAccount") == (kf_account or None)
+    status, again = await post(client, signer, wx.text_xml("转人工", msg_id=1000), nonce="retry")
+    assert ET.fromstring(again).findtext("MsgType") == "transfer_customer_service"
+
+
+async def test_service_account_handoff_also_sends_the_text(serve, signer, fake_api, quick_follow_up):
+    client = await serve(HandoffDispatcher(), **service(fake_api))
+    status, body = await post(client, signer, wx.text_xml("我要人工客服", msg_id=1100))
+    assert ET.fromstring(body).findtext("MsgType") == "transfer_customer_service"
+    await client.app[WECHAT_ADAPTER].drain(timeout_s=5)
+    assert fake_api.contents == ["好的，正在为您转接人工客服，请稍候。"]
+
+
+async def test_late_handoff_text_is_not_queued_for_a_subscription_account(serve, signer):
+    dispatcher = HandoffDispatcher(delay_s=0.4)
+    client = await serve(dispatcher, reply_budget_s=0.2)
+    assert await post(client, signer, wx.text_xml("转人工", msg_id=1200)) == (200, "success")
+    await client.app[WECHAT_ADAPTER].drain(timeout_s=5)
+    dispatcher.delay_s = 0
+    status, body = await post(client, signer, wx.text_xml("口干", msg_id=1201))
+    assert wx.parse_reply(body)["Content"] == "答：口干"
+
+
+class Forgetful:
+    def __init__(self) -> None:
+        self.forgotten: list[tuple[str, str]] = []
+
+    def forget(self, channel: str, user_id: str) -> None:
+        self.forgotten.append((channel, user_id))
+
+
+class AsyncForgetful(Forgetful):
+    async def forget(self, channel: str, user_id: str) -> None:  # store-backed state
+        self.forgotten.append((channel, user_id))
+
+
+async def test_unsubscribe_forgets_the_user_everywhere(serve, signer):
+    core = CachingDispatcher(text=ANSWER_6000)
+    core.handoff, core.sessions = AsyncForgetful(), Forgetful()
+
+    class Late:  # bot.app's wrapper, whose target is the real dispatcher
+        target = core
+
+        async def handle(self, inbound):
+            return await core.handle(inbound)
+
+    client = await serve(Late())
+    store = client.app[WECHAT_ADAPTER].store
+    await post(client, signer, wx.text_xml("怎么养生", msg_id=1300))  # leaves unread pages
+    await store.push(f"wechat:pending:{wx.USER}", '{"msgid": "1", "q": "x", "text": "y"}')
+    assert await post(client, signer, wx.event_xml("unsubscribe")) == (200, "success")
+    assert core.handoff.forgotten == core.sessions.forgotten == [("wechat", wx.USER)]
+    assert await store.get(f"wechat:more:{wx.USER}") is None
+    assert await store.pop_all(f"wechat:pending:{wx.USER}") == []
+
+
+class BrokenStore(MemoryStore):
+    async def set_if_absent(self, key, value, ttl_s=None):
+        raise ConnectionError("store down")
+
+
+async def test_store_outage_still_answers_passively(serve, signer):
+    clients: list[TestClient] = []
+    cfg = Config()
+    cfg.wechat.token, cfg.wechat.appid = TOKEN, APPID
+    app = web.Application()
+    setup_wechat(app, cfg, CachingDispatcher(), store=BrokenStore())
+    client = TestClient(TestServer(app, host="127.0.0.1", port=0))
+    await client.start_server()
+    clients.append(client)
+    try:
+        status, body = await post(client, signer, wx.text_xml("头疼", msg_id=1400))
+        assert wx.parse_reply(body)["Content"] == "答：头疼"
+        assert client.app[WECHAT_ADAPTER].stats["store_errors"] == 1
+    finally:
+        await client.close()
+
+
+def test_service_account_without_appsecret_is_a_config_error():
+    cfg = Config()
+    cfg.wechat.token, cfg.wechat.appid, cfg.wechat.account_type = TOKEN, APPID, "service"
+    with pytest.raises(ConfigError, match="appsecret"):
+        setup_wechat(web.Application(), cfg, CachingDispatcher(), store=MemoryStore())
+
+
+# --------------------------------------------------------------------------- issue 4: with the real dispatcher
+
+
+@requires_model
+async def test_real_dispatcher_zhuan_rengong_transfers_and_records_the_handoff(serve, signer, dispatcher):
+    user = "oREAL_handoff_user_" + str(time.time_ns())
+    client = await serve(dispatcher)
+    status, body = await post(client, signer, wx.text_xml("转人工", msg_id=time.time_ns() % 10**15, user=user))
+    assert ET.fromstring(body).findtext("MsgType") == "transfer_customer_service"
+    assert await _maybe_await(dispatcher.handoff.active("wechat", user)) is not None
+    # In handoff, the user's next message goes to the agents too (the bot stays silent).
+    status, body = await post(client, signer, wx.text_xml("你好，在吗", msg_id=time.time_ns() % 10**15, user=user))
+    assert ET.fromstring(body).findtext("MsgType") == "transfer_customer_service"
+    event = wx.event_xml("unsubscribe").replace(wx.USER, user)
+    assert await post(client, signer, event) == (200, "success")
+    assert await _maybe_await(dispatcher.handoff.active("wechat", user)) is None
+
+
+async def _maybe_await(value: Any) -> Any:
+    """HandoffManager.active is sync in memory and async once it keeps state in the store."""
+    return await value if inspect.isawaitable(value) else value
