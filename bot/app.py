@@ -143,7 +143,8 @@ def create_app(cfg: Config) -> web.Application:
 
     async def metrics_page(request: web.Request) -> web.Response:
         """Every metric of bot/metrics.py in the Prometheus text format."""
-        return web.Response(body=metrics.render(), headers={"Content-Type": metrics.CONTENT_TYPE})
+        body, content_type = metrics.render(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

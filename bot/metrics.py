@@ -43,10 +43,10 @@ from __future__ import annotations
 from typing import Any, Final, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 __all__ = [
-    "REGISTRY", "CONTENT_TYPE", "render",
+    "REGISTRY", "render",
     "REQUEST_LATENCY", "REQUESTS_IN_FLIGHT", "DEDUP_HITS", "SAFETY_OUTCOMES",
     "INFERENCE_QUEUE_TIME", "INFERENCE_BATCH_SIZE", "INFERENCE_BATCH_TOKENS", "INFERENCE_PENDING",
     "INFERENCE_DROPPED", "INFERENCE_ENGINE_TIME", "INFERENCE_WORKERS", "ENGINE_FALLBACKS", "ENGINE_CIRCUIT_STATE",
@@ -59,9 +59,6 @@ REGISTRY: Final = CollectorRegistry(auto_describe=True)
 """The application's registry: every metric below, and the process collector."""
 
 ProcessCollector(registry=REGISTRY)
-
-CONTENT_TYPE: Final[str] = CONTENT_TYPE_LATEST
-"""``Content-Type`` of :func:`render`'s output (Prometheus text format 0.0.4)."""
 
 CHANNELS: Final[tuple[str, ...]] = ("wechat", "telegram", "http")
 """Channels whose counters are created at zero, so ``rate()`` sees them from the start."""
@@ -83,8 +80,9 @@ ENGINE_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 #: Windows per batch: powers of two up to 128 (``inference.max_batch_size`` default 32).
 BATCH_SIZE_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128)
 
-#: Padded tokens per batch: 16 (one short query) … 16384 (twice ``inference.max_batch_tokens``).
-BATCH_TOKEN_BUCKETS: Final = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+#: Padded tokens per batch: 8 (one short query, specials included) … 16384 (twice
+#: ``inference.max_batch_tokens``; a single window over the budget still runs alone).
+BATCH_TOKEN_BUCKETS: Final = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 # ---------------------------------------------------------------- requests
 
@@ -202,9 +200,17 @@ class CircuitState:
 # ---------------------------------------------------------------- helpers
 
 
-def render() -> bytes:
-    """:data:`REGISTRY` in the Prometheus text exposition format (``Content-Type`` :data:`CONTENT_TYPE`)."""
-    return generate_latest(REGISTRY)
+def render(accept: str | None = None) -> tuple[bytes, str]:
+    """:data:`REGISTRY` in the format the scraper asked for; returns ``(body, Content-Type)``.
+
+    Args:
+        accept: the request's ``Accept`` header. Prometheus asks for OpenMetrics when it
+            can; anything else (curl, None) gets the classic text format 0.0.4
+            (``text/plain; version=0.0.4``), which every Prometheus version reads.
+            Negotiation is prometheus-client's own (``exposition.choose_encoder``).
+    """
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(REGISTRY), content_type
 
 
 def request_outcome(intent: str | None, extra: Mapping[str, Any] | None = None) -> str:
