@@ -1008,7 +1008,7 @@ class TelegramAdapter:
         if message.chat.type != "private":
             await self._reply(message, self._text("human_private_only", uid))
             return
-        already = self.handoff.active(tc.CHANNEL, uid) is not None
+        already = await self.handoff.active(tc.CHANNEL, uid) is not None
         await self.handoff.start(tc.CHANNEL, uid, str(message.chat.id), "user_request")
         await self._reply(message, self._text("human_already" if already else "human_started", uid))
 
@@ -1020,7 +1020,7 @@ class TelegramAdapter:
         uid = str(user.id)
         ended = await self.handoff.end(tc.CHANNEL, uid, by="user")
         text = self._text("stopped_handoff" if ended else "stopped", uid)
-        self.handoff.forget(tc.CHANNEL, uid)
+        await self.handoff.forget(tc.CHANNEL, uid)
         self.langs.pop(uid, None)
         if self.relay is not None:
             self.relay.forget(uid)

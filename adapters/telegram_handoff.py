@@ -302,9 +302,9 @@ class TelegramAgentRelay:
         except TelegramError as exc:
             log.warning("telegram.handoff.note_failed", thread=thread, error=str(exc))
 
-    def _session(self, thread: int) -> tuple[tuple[str, str] | None, HandoffSession | None]:
+    async def _session(self, thread: int) -> tuple[tuple[str, str] | None, HandoffSession | None]:
         key = self._user_of.get(thread)
-        return key, (self.handoff.active(*key) if key else None)
+        return key, (await self.handoff.active(*key) if key else None)
 
     async def _on_agent_message(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.message
@@ -314,7 +314,7 @@ class TelegramAgentRelay:
         has_content = bool(message.text) or any(getattr(message, t, None) for t in tc.UNSUPPORTED_TYPES)
         if not has_content or (message.text or "").startswith("/"):
             return  # service messages; other commands
-        key, session = self._session(thread)
+        key, session = await self._session(thread)
         if key is None:
             await self._note(thread, "unknown_topic")
             return
@@ -329,6 +329,7 @@ class TelegramAgentRelay:
                 await self.sender.call("copyMessage", lambda: self.sender.bot.copy_message(
                     chat_id=chat_id, from_chat_id=self.agent_chat, message_id=message.message_id), chat_id=chat_id)
                 session.last_activity = time.time()
+                await self.handoff.save(session)
         except Forbidden:
             await self._note(thread, "blocked")
         except TelegramError as exc:

@@ -40,6 +40,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 64 * 1024  # larger webhook bodies get 413
+    #: Per-user token bucket: sustained messages per minute and burst (a polite "slow down" beyond).
+    user_rate_per_minute: float = 20.0
+    user_burst: int = 8
     shutdown_timeout_s: float = 8.0
 
 
@@ -104,7 +107,7 @@ class InferenceConfig:
     """
 
     engines_dir: str = "engines"
-    engine_order: list[str] = field(default_factory=lambda: ["onnxruntime"])
+    engine_order: list[str] = field(default_factory=lambda: ["tensorrt", "torch_cuda", "onnxruntime"])
     workers: int = 1
     max_batch_size: int = 32
     max_batch_tokens: int = 8192

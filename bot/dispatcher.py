@@ -15,6 +15,7 @@ Order of checks (ARCHITECTURE.md, "One message, end to end"):
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from bot.knowledge import KnowledgeBase
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
 from bot.session import Sessions, is_follow_up
+from bot.store import MemoryStore, Store, StoreError
 from bot.terms import canonical_terms
 from bot.types import Inbound, Intent, MessageKind, Reply
 from inference.batcher import BusyError, DeadlineExceeded
@@ -41,6 +43,22 @@ from safety.triage import triage
 
 log = structlog.get_logger("healthbot.dispatch")
 
+#: A claim on a message being computed expires after this, seconds (a replica that
+#: died mid-computation does not block the next delivery for long).
+CLAIM_TTL_S = 30.0
+#: Finished replies are kept this long for channel retries, seconds.
+REPLY_TTL_S = 3600.0
+#: How long a replica that lost the claim waits for the winner's reply, seconds
+#: (inside WeChat's 5 s deadline, with the adapter's own budget on top).
+REPLICA_WAIT_S = 4.5
+
+#: Channels whose users are rate limited (the CLI and evaluations are local tools).
+RATE_LIMITED_CHANNELS = frozenset({"wechat", "telegram", "http"})
+
+SLOW_DOWN_REPLY = {
+    "zh": "您发消息有点快，请稍等几秒再发，我会一条一条回答您。",
+    "en": "You're sending messages a little fast. Please wait a few seconds and send your question again.",
+}
 BUSY_REPLY = {
     "zh": "现在咨询的人有点多，请稍等几秒再发一次您的问题，谢谢您的耐心。",
     "en": "I'm a little busy right now. Please send your question again in a few seconds.",
@@ -60,12 +78,25 @@ class Dispatcher:
         retriever: hybrid retrieval over ``kb`` (owns the encoder).
     """
 
-    def __init__(self, cfg: Config, retriever: Retriever, handoff: HandoffManager | None = None):
+    def __init__(self, cfg: Config, retriever: Retriever, handoff: HandoffManager | None = None,
+                 store: Store | None = None):
         self.cfg = cfg
         self.retriever = retriever
-        self.handoff = handoff or HandoffManager()
-        self.sessions = Sessions()
+        self.store: Store = store if store is not None else MemoryStore()
+        self.handoff = handoff or HandoffManager(self.store)
+        self.sessions = Sessions(self.store)
         self.once: OnceCache[Reply] = OnceCache()
+
+    async def _within_rate(self, inbound: Inbound) -> bool:
+        """Per-user token bucket (``server.user_rate_per_minute``, ``server.user_burst``)."""
+        if inbound.channel not in RATE_LIMITED_CHANNELS:
+            return True
+        srv = self.cfg.server
+        try:
+            return await self.store.take_token(f"rate:{inbound.channel}:{inbound.user_id}",
+                                               srv.user_rate_per_minute / 60.0, srv.user_burst)
+        except StoreError:
+            return True
 
     @property
     def kb(self) -> KnowledgeBase:
@@ -86,10 +117,45 @@ class Dispatcher:
             return self._timed(inbound)
 
         try:
-            return await self.once.run((inbound.channel, inbound.message_id), compute)
+            return await self.once.run((inbound.channel, inbound.message_id), lambda: self._once_everywhere(
+                inbound, compute))
         finally:
             if not computed:  # exactly the calls self.once.hits counts
                 metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
+
+    async def _once_everywhere(self, inbound: Inbound, compute) -> Reply:
+        """Exactly once across replicas: the replica that claims the message computes it.
+
+        The claim (``dedup:<channel>:<id>``, :data:`CLAIM_TTL_S`) and the finished reply
+        (``reply:<channel>:<id>``, :data:`REPLY_TTL_S`) live in the store. A replica that
+        loses the claim waits up to :data:`REPLICA_WAIT_S` for the winner's reply, then
+        answers nothing (the winner delivers it). A claim whose holder died expires, and
+        a later delivery computes again. If the store fails, the message is computed here.
+        """
+        reply_key = f"reply:{inbound.channel}:{inbound.message_id}"
+        try:
+            stored = await self.store.get(reply_key)
+            if stored is not None:
+                return Reply.from_json(stored)
+            claimed = await self.store.set_if_absent(f"dedup:{inbound.channel}:{inbound.message_id}", "1", CLAIM_TTL_S)
+        except StoreError as exc:
+            log.warning("dedup.store_unavailable", error=str(exc))
+            return await compute()
+        if claimed:
+            reply = await compute()
+            try:
+                await self.store.set(reply_key, reply.to_json(), REPLY_TTL_S)
+            except StoreError as exc:
+                log.warning("dedup.store_unavailable", error=str(exc))
+            return reply
+        deadline = time.monotonic() + REPLICA_WAIT_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            stored = await self.store.get(reply_key)
+            if stored is not None:
+                return Reply.from_json(stored)
+        log.info("dedup.answered_elsewhere", channel=inbound.channel, message_id=inbound.message_id)
+        return Reply("", Intent.SYSTEM, inbound.lang or "zh")
 
     async def _timed(self, inbound: Inbound) -> Reply:
         """``_decide`` plus one log line and the request metrics (bot/metrics.py) per computed message.
@@ -120,9 +186,9 @@ class Dispatcher:
             metrics.observe_request(inbound.channel, outcome, latency_s)
             metrics.record_safety(reply.intent.value, extra)
             if inbound.kind is MessageKind.TEXT and inbound.text:
-                self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
+                await self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
                 if reply.text:
-                    self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", reply.text)
+                    await self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", reply.text)
             log.info("reply", channel=inbound.channel, user=mask_pii(inbound.user_id), message_id=inbound.message_id,
                      intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
                      engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2),
@@ -140,7 +206,7 @@ class Dispatcher:
         if inbound.kind is MessageKind.EVENT:
             return Reply("", Intent.SYSTEM, lang), {}
         if inbound.kind is MessageKind.UNSUPPORTED:
-            in_handoff = self.handoff.active(inbound.channel, inbound.user_id)
+            in_handoff = await self.handoff.active(inbound.channel, inbound.user_id)
             if in_handoff is not None:  # agents see that something was sent; the bot stays silent
                 await self.handoff.user_message(in_handoff, f"[{inbound.raw.get('type') or 'attachment'}]")
                 return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
@@ -154,7 +220,7 @@ class Dispatcher:
             return Reply(to_user_script(body, norm.script, norm.variant), intent, lang, **kw)
 
         urgent = triage(norm.text, lang, self.cfg.safety)
-        in_handoff = self.handoff.active(inbound.channel, inbound.user_id)
+        in_handoff = await self.handoff.active(inbound.channel, inbound.user_id)
         if in_handoff is not None:
             # The bot stays silent while a person handles the chat, except for an
             # emergency, which always gets emergency guidance at once.
@@ -163,6 +229,8 @@ class Dispatcher:
                 return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
         if urgent is not None:
             return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind}
+        if not await self._within_rate(inbound):
+            return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
         intent = rule_intent(norm)
         if intent is None and is_abuse(norm):
             return out(abuse_reply(lang), Intent.OUT_OF_SCOPE), {"rule": "abuse"}
@@ -173,7 +241,7 @@ class Dispatcher:
         scope = check_scope(norm.text, lang)
         if scope is not None:
             return out(with_disclaimer(scope.reply, lang), Intent.REFER_DOCTOR), {"rule": scope.reason}
-        session = self.sessions.get(inbound.channel, inbound.user_id)
+        session = await self.sessions.get(inbound.channel, inbound.user_id)
         context = None
         if session.last_topic and is_follow_up(norm.text):
             # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
@@ -189,11 +257,13 @@ class Dispatcher:
                 "best_topic": best.topic_id}
         if found.off_topic == "no_answer" or best.confidence < self.cfg.knowledge.min_confidence:
             session.no_answer_streak += 1
+            await self.sessions.save(inbound.channel, inbound.user_id, session)
             body = with_disclaimer(intent_reply(Intent.NO_ANSWER, lang), lang)
             return out(body, Intent.NO_ANSWER, confidence=best.confidence, engine=engine,
                        handoff=True), {"best_topic": best.topic_id}
         topic = self.kb.topics[best.topic_id]
         session.last_topic, session.no_answer_streak = topic.id, 0
+        await self.sessions.save(inbound.channel, inbound.user_id, session)
         checked = review(topic.render(lang), lang)
         body = with_disclaimer(checked.text, lang)
         return out(body, Intent.ANSWER, topic=topic.id, confidence=best.confidence, engine=engine), (

@@ -10,18 +10,24 @@ masked. How agents are reached is channel-specific: each channel registers an
 :class:`AgentRelay` (e.g. a forum topic per user in a Telegram agents'
 supergroup); channels without one hand the conversation to the agent console.
 
-State is in process memory for now; several replicas need the shared store (issue 10).
+State lives in the :class:`~bot.store.Store` (SQLite by default, Redis for several
+replicas), so a handoff started on one replica is honoured by every other:
+``handoff:<channel>:<user>`` (the session, JSON, expiring after the idle timeout),
+``turns:<channel>:<user>`` (the last turns) and ``handoff:index`` (who is in handoff,
+for the agent console).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
 import structlog
 
+from bot.store import MemoryStore, Store
 from safety.pii import mask_pii
 
 log = structlog.get_logger("healthbot.handoff")
@@ -77,12 +83,16 @@ UserNotifier = Callable[[HandoffSession, str], Awaitable[None]]
 
 
 class HandoffManager:
-    """Keeps handoff sessions and per-user transcripts; talks to channel relays."""
+    """Keeps handoff sessions and per-user transcripts in the store; talks to channel relays.
 
-    def __init__(self, idle_timeout_s: float = IDLE_TIMEOUT_S):
+    Args:
+        store: shared state (default: a private in-memory store).
+        idle_timeout_s: an active handoff with no message either way for this long ends.
+    """
+
+    def __init__(self, store: Store | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S):
+        self.store: Store = store if store is not None else MemoryStore()
         self.idle_timeout_s = idle_timeout_s
-        self._sessions: dict[tuple[str, str], HandoffSession] = {}
-        self._turns: dict[tuple[str, str], deque[str]] = {}
         self._relays: dict[str, AgentRelay] = {}
         self._notifiers: dict[str, UserNotifier] = {}
 
@@ -93,40 +103,58 @@ class HandoffManager:
         if notify_user is not None:
             self._notifiers[channel] = notify_user
 
-    def record_turn(self, channel: str, user_id: str, who: str, text: str) -> None:
+    async def record_turn(self, channel: str, user_id: str, who: str, text: str) -> None:
         """Remember one turn ("user" or "bot") for a later handoff transcript (masked)."""
-        turns = self._turns.setdefault((channel, user_id), deque(maxlen=TRANSCRIPT_TURNS))
-        turns.append(f"{who}: {mask_pii(text)}")
+        key = f"turns:{channel}:{user_id}"
+        turns = json.loads(await self.store.get(key) or "[]")
+        turns = (turns + [f"{who}: {mask_pii(text)}"])[-TRANSCRIPT_TURNS:]
+        await self.store.set(key, json.dumps(turns, ensure_ascii=False), ttl_s=self.idle_timeout_s)
 
-    def active(self, channel: str, user_id: str) -> HandoffSession | None:
-        """The user's active handoff, or None (an idle one past the timeout is ended)."""
-        s = self._sessions.get((channel, user_id))
-        if s is None or s.state != "active":
+    async def save(self, s: HandoffSession) -> None:
+        """Write ``s`` back (after a relay or adapter changed it)."""
+        await self.store.set(f"handoff:{s.channel}:{s.user_id}", json.dumps(dataclasses.asdict(s), ensure_ascii=False),
+                             ttl_s=self.idle_timeout_s if s.state == "active" else 60.0)
+
+    async def active(self, channel: str, user_id: str) -> HandoffSession | None:
+        """The user's active handoff, or None (an idle one past the timeout has expired)."""
+        raw = await self.store.get(f"handoff:{channel}:{user_id}")
+        if raw is None:
             return None
-        if time.time() - s.last_activity > self.idle_timeout_s:
-            s.state = "ended"
-            log.info("handoff.timeout", channel=channel, user=mask_pii(user_id))
+        s = HandoffSession(**json.loads(raw))
+        if s.state != "active" or time.time() - s.last_activity > self.idle_timeout_s:
             return None
         return s
 
-    def sessions(self) -> list[HandoffSession]:
+    async def _index(self, add: tuple[str, str] | None = None, remove: tuple[str, str] | None = None) -> list:
+        index = [tuple(k) for k in json.loads(await self.store.get("handoff:index") or "[]")]
+        if add and add not in index:
+            index.append(add)
+        if remove in index:
+            index.remove(remove)
+        if add or remove:
+            await self.store.set("handoff:index", json.dumps(index))
+        return index
+
+    async def sessions(self) -> list[HandoffSession]:
         """Every active handoff, oldest first (for an agent console)."""
-        return sorted((s for s in self._sessions.values() if self.active(s.channel, s.user_id)),
-                      key=lambda s: s.started_at)
+        found = [await self.active(c, u) for c, u in await self._index()]
+        return sorted((s for s in found if s is not None), key=lambda s: s.started_at)
 
     async def start(self, channel: str, user_id: str, chat_id: str, reason: str) -> HandoffSession:
         """Start (or return the already active) handoff and open it with the channel's relay."""
-        existing = self.active(channel, user_id)
+        existing = await self.active(channel, user_id)
         if existing:
             return existing
-        s = HandoffSession(channel, user_id, chat_id, reason, list(self._turns.get((channel, user_id), ())))
-        self._sessions[(channel, user_id)] = s
+        turns = json.loads(await self.store.get(f"turns:{channel}:{user_id}") or "[]")
+        s = HandoffSession(channel, user_id, chat_id, reason, turns)
         relay = self._relays.get(channel)
         if relay is not None:
             try:
                 await relay.open(s)
             except Exception:  # the handoff stays active: agents can still see it in the console
                 log.exception("handoff.relay_open_failed", channel=channel)
+        await self.save(s)
+        await self._index(add=(channel, user_id))
         log.info("handoff.start", channel=channel, user=mask_pii(user_id), reason=reason)
         return s
 
@@ -136,23 +164,29 @@ class HandoffManager:
         masked = mask_pii(text)
         s.transcript.append(f"user: {masked}")
         relay = self._relays.get(s.channel)
-        if relay is not None:
-            await relay.forward(s, masked)
+        try:
+            if relay is not None:
+                await relay.forward(s, masked)
+        finally:
+            await self.save(s)
 
     async def agent_message(self, s: HandoffSession, text: str) -> None:
         """An agent's reply: sent to the user through the channel's notifier."""
         s.last_activity = time.time()
         s.transcript.append(f"agent: {mask_pii(text)}")
+        await self.save(s)
         notify = self._notifiers.get(s.channel)
         if notify is not None:
             await notify(s, text)
 
     async def end(self, channel: str, user_id: str, by: str) -> HandoffSession | None:
         """End the user's handoff (``by``: "user", "agent", "timeout"); None if none was active."""
-        s = self.active(channel, user_id)
+        s = await self.active(channel, user_id)
         if s is None:
             return None
         s.state = "ended"
+        await self.save(s)
+        await self._index(remove=(channel, user_id))
         relay = self._relays.get(channel)
         if relay is not None:
             try:
@@ -162,7 +196,8 @@ class HandoffManager:
         log.info("handoff.end", channel=channel, user=mask_pii(user_id), by=by)
         return s
 
-    def forget(self, channel: str, user_id: str) -> None:
+    async def forget(self, channel: str, user_id: str) -> None:
         """Drop everything kept about the user (unsubscribe, Telegram /stop)."""
-        self._sessions.pop((channel, user_id), None)
-        self._turns.pop((channel, user_id), None)
+        await self.store.delete(f"handoff:{channel}:{user_id}")
+        await self.store.delete(f"turns:{channel}:{user_id}")
+        await self._index(remove=(channel, user_id))

@@ -17,6 +17,7 @@ from bot.dispatcher import Dispatcher
 from bot.handoff import HandoffManager
 from bot.knowledge import load_knowledge_base
 from bot.retrieval import Retriever
+from bot.store import open_store
 from inference.encoder import Encoder
 
 log = structlog.get_logger("healthbot.runtime")
@@ -35,7 +36,10 @@ def model_digest(cfg: Config) -> str:
 async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) -> AsyncIterator[Dispatcher]:
     """Load the model, the knowledge base and the retrieval index; yield a ready dispatcher.
 
-    On exit, in-flight replies are finished and the inference pool is drained.
+    The store (``cfg.effective_store_url``: SQLite under the data directory by
+    default, Redis for several replicas) holds dedup claims, sessions, handoffs and
+    rate limits. On exit, in-flight replies are finished, the inference pool is
+    drained and the store closed.
 
     Raises:
         FileNotFoundError / inference errors: the model is not prepared
@@ -43,11 +47,14 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) ->
         bot.knowledge.KnowledgeBaseError: the knowledge base is invalid.
     """
     kb = load_knowledge_base(cfg.kb_path)
+    store = await open_store(cfg.effective_store_url)
+    if handoff is not None:
+        handoff.store = store
     encoder = await Encoder.create(cfg.inference, cfg.engines_path)
     try:
         retriever = await Retriever.build(kb, encoder, cache_dir=cfg.path(cfg.data_dir) / "cache",
                                           model_digest=model_digest(cfg))
-        dispatcher = Dispatcher(cfg, retriever, handoff)
+        dispatcher = Dispatcher(cfg, retriever, handoff, store)
         log.info("ready", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
         try:
             yield dispatcher
@@ -55,3 +62,4 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) ->
             await dispatcher.once.drain()
     finally:
         await encoder.close()
+        await store.close()

@@ -1,13 +1,18 @@
 """Conversation state per user: last topic (for follow-up questions), language, no_answer streak.
 
-In process memory with an idle timeout; several replicas need the shared store (issue 10).
+Kept in the :class:`~bot.store.Store` under ``session:<channel>:<user>`` (JSON),
+expiring after :data:`SESSION_TTL_S` of silence, so every replica sees it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import time
 from dataclasses import dataclass, field
+
+from bot.store import MemoryStore, Store
 
 #: A conversation idle longer than this starts afresh, seconds.
 SESSION_TTL_S = 30 * 60
@@ -30,23 +35,25 @@ class Session:
 
 
 class Sessions:
-    """Sessions keyed by (channel, user_id)."""
+    """Sessions keyed by (channel, user_id), in the store."""
 
-    def __init__(self, ttl_s: float = SESSION_TTL_S):
+    def __init__(self, store: Store | None = None, ttl_s: float = SESSION_TTL_S):
+        self.store: Store = store if store is not None else MemoryStore()
         self.ttl_s = ttl_s
-        self._by_user: dict[tuple[str, str], Session] = {}
 
-    def get(self, channel: str, user_id: str) -> Session:
+    async def get(self, channel: str, user_id: str) -> Session:
         """The user's session (a fresh one if none, or if it was idle past the TTL)."""
-        key = (channel, user_id)
-        s = self._by_user.get(key)
-        if s is None or time.time() - s.updated > self.ttl_s:
-            s = self._by_user[key] = Session()
-        return s
+        raw = await self.store.get(f"session:{channel}:{user_id}")
+        return Session(**json.loads(raw)) if raw else Session()
 
-    def forget(self, channel: str, user_id: str) -> None:
+    async def save(self, channel: str, user_id: str, session: Session) -> None:
+        """Write the session back, restarting its idle timeout."""
+        session.updated = time.time()
+        await self.store.set(f"session:{channel}:{user_id}", json.dumps(dataclasses.asdict(session)), ttl_s=self.ttl_s)
+
+    async def forget(self, channel: str, user_id: str) -> None:
         """Drop the user's state (unsubscribe, /stop)."""
-        self._by_user.pop((channel, user_id), None)
+        await self.store.delete(f"session:{channel}:{user_id}")
 
 
 def is_follow_up(text: str) -> bool:

@@ -8,6 +8,7 @@ message, end to end"). Nothing channel-specific lives here.
 from __future__ import annotations
 
 import enum
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,16 @@ class Reply:
     engine: str | None = None
     latency_ms: float = 0.0
     handoff: bool = False
+
+    def to_json(self) -> str:
+        """Every field as JSON (shared between replicas through the store)."""
+        return json.dumps({**self.__dict__, "intent": self.intent.value}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, raw: str) -> "Reply":
+        """The inverse of :meth:`to_json`."""
+        data = json.loads(raw)
+        return cls(**{**data, "intent": Intent(data["intent"])})
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON shape of ``healthbot ask --json`` and ``POST /api/chat``."""

@@ -82,13 +82,13 @@ class ScriptedDispatcher:
             return Reply("", Intent.SYSTEM, lang)
         if inbound.kind is MessageKind.UNSUPPORTED:
             return Reply(f"暂时看不懂这类消息（{inbound.raw.get('type')}），请用文字描述您的问题。", Intent.SYSTEM, lang)
-        session = self.handoff.active(inbound.channel, inbound.user_id)
+        session = await self.handoff.active(inbound.channel, inbound.user_id)
         if session is not None:
             await self.handoff.user_message(session, inbound.text)
             return Reply("", Intent.HANDOFF, lang, handoff=True)
         text = self.replies.get(inbound.text) or (("Answer: " if lang == "en" else "答：") + inbound.text)
-        self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
-        self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", text)
+        await self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
+        await self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", text)
         return Reply(text, Intent.ANSWER, lang)
 
 
@@ -534,7 +534,7 @@ async def test_handoff_round_trip_user_topic_agent_user_done(tg: Harness):
     (opening,) = tg.texts(AGENTS, thread)
     assert "user: 最近总失眠" in opening and "bot: 答：最近总失眠" in opening and "/done" in opening
     assert tg.texts(USER)[-1].startswith("已为您转接人工客服")
-    assert tg.handoff.active("telegram", str(USER)) is not None
+    assert await tg.handoff.active("telegram", str(USER)) is not None
 
     # The user's next message goes to the topic (personal data masked), not to the bot.
     await tg.deliver(tg.u.text(USER, "我的电话是13812345678，晚上总醒"))
@@ -548,7 +548,7 @@ async def test_handoff_round_trip_user_topic_agent_user_done(tg: Harness):
 
     # /done ends it: the topic is closed and the user told.
     await tg.deliver(tg.u.topic_message(AGENTS, AGENT, thread, "/done"))
-    assert tg.handoff.active("telegram", str(USER)) is None
+    assert await tg.handoff.active("telegram", str(USER)) is None
     assert tg.fake.calls_to("closeForumTopic", chat_id=AGENTS, message_thread_id=thread)
     assert tg.texts(USER)[-1].startswith("人工客服已结束本次对话")
 
@@ -561,7 +561,7 @@ async def test_agent_closing_the_topic_ends_the_handoff(tg: Harness):
     thread = await _start_handoff(tg)
     tg.fake.topics[thread]["closed"] = True
     await tg.deliver(tg.u.topic_closed(AGENTS, AGENT, thread))
-    assert tg.handoff.active("telegram", str(USER)) is None
+    assert await tg.handoff.active("telegram", str(USER)) is None
     assert tg.texts(USER)[-1].startswith("人工客服已结束本次对话")
     assert tg.fake.calls_to("closeForumTopic") == []  # already closed by the agent
     assert tg.adapter.stats["errors"] == 0
@@ -584,7 +584,7 @@ async def test_a_deleted_topic_is_recreated(tg: Harness):
 async def test_stop_ends_the_handoff_and_forgets_the_session(tg: Harness):
     thread = await _start_handoff(tg)
     await tg.deliver(tg.u.command(USER, "/lang en"), tg.u.command(USER, "/stop"))
-    assert tg.handoff.active("telegram", str(USER)) is None
+    assert await tg.handoff.active("telegram", str(USER)) is None
     assert tg.fake.calls_to("closeForumTopic", chat_id=AGENTS, message_thread_id=thread)
     assert "ended by the user" in tg.texts(AGENTS, thread)[-1]
     assert tg.texts(USER)[-1] == ("The conversation with the agent has ended and this session is forgotten. "
@@ -603,7 +603,7 @@ async def test_a_second_handoff_reopens_the_users_topic(tg: Harness):
     await tg.deliver(tg.u.command(USER, "/human"))
     assert len(_topic_calls(tg)) == 1
     assert tg.fake.calls_to("reopenForumTopic", message_thread_id=thread)
-    assert tg.handoff.active("telegram", str(USER)).relay_ref == thread
+    assert (await tg.handoff.active("telegram", str(USER))).relay_ref == thread
 
 
 async def test_human_twice_says_already_connected(tg: Harness):
@@ -615,7 +615,7 @@ async def test_human_twice_says_already_connected(tg: Harness):
 
 async def test_human_in_a_group_asks_for_a_private_chat(tg: Harness):
     await tg.deliver(tg.u.command(USER, "/human", chat_id=GROUP, chat_type="supergroup"))
-    assert tg.handoff.active("telegram", str(USER)) is None
+    assert await tg.handoff.active("telegram", str(USER)) is None
     assert tg.texts(GROUP) == ["为保护您的隐私，请私聊我并发送 /human 转人工客服。"]
 
 
