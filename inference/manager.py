@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -40,16 +41,33 @@ def _load_onnxruntime(cfg: InferenceConfig, engines_dir: Path) -> Engine:
     return OnnxRuntimeEngine(engines_dir / ONNX_FILE, intra_op_threads=cfg.intra_op_threads)
 
 
-def _not_built(name: str) -> Callable[[InferenceConfig, Path], Engine]:
-    def load(cfg: InferenceConfig, engines_dir: Path) -> Engine:
-        raise EngineError(f"engine {name!r} is not part of this build yet")
-    return load
+def _gpu_visible() -> bool:
+    """True when an NVIDIA device node exists (checked before importing a CUDA stack)."""
+    return any(Path("/dev").glob("nvidia[0-9]*")) or bool(os.environ.get("HEALTHBOT_ASSUME_GPU"))
+
+
+def _load_tensorrt(cfg: InferenceConfig, engines_dir: Path) -> Engine:
+    if not _gpu_visible():
+        raise EngineError("no NVIDIA GPU visible")
+    from inference.engines.tensorrt import TensorRTEngine
+
+    # build_missing=False: a missing engine falls back at once; build it with
+    # `healthbot build-engine` (an init container) rather than during start-up.
+    return TensorRTEngine(engines_dir, onnx_file=ONNX_FILE, build_missing=False)
+
+
+def _load_torch_cuda(cfg: InferenceConfig, engines_dir: Path) -> Engine:
+    if not _gpu_visible():
+        raise EngineError("no NVIDIA GPU visible")
+    from inference.engines.torch_cuda import TorchCudaEngine
+
+    return TorchCudaEngine.from_engines_dir(engines_dir)
 
 
 #: name -> loader(cfg, engines_dir) -> Engine; a loader raises EngineError when it cannot load.
 _LOADERS: dict[str, Callable[[InferenceConfig, Path], Engine]] = {
-    "tensorrt": _not_built("tensorrt"),
-    "torch_cuda": _not_built("torch_cuda"),
+    "tensorrt": _load_tensorrt,
+    "torch_cuda": _load_torch_cuda,
     "onnxruntime": _load_onnxruntime,
 }
 

@@ -130,5 +130,5 @@ def test_no_loadable_engine_lists_why_each_was_skipped(tmp_path):
 
     with pytest.raises(EngineError) as err:
         load_engine_factory(InferenceConfig(engine_order=["tensorrt", "onnxruntime"]), tmp_path)
-    assert "tensorrt: engine 'tensorrt' is not part of this build yet" in str(err.value)
+    assert "tensorrt: no NVIDIA GPU visible" in str(err.value)
     assert "model.onnx missing: run 'healthbot prepare-model'" in str(err.value)
