@@ -9,7 +9,9 @@ so every count is compared as the difference between a scrape before and a scrap
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import re
 from dataclasses import dataclass
 
 import aiohttp
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters import telegram_constants as tc
 from bot import metrics
-from bot.config import load_config
+from bot.config import REPO_ROOT, load_config
 from inference import manager
 from inference.engines.base import EngineError
 from tests.conftest import requires_model
@@ -248,3 +250,14 @@ def test_outcome_label_separates_overload_and_errors_from_intents():
     assert metrics.request_outcome("system", {"error": "DeadlineExceeded"}) == "busy"
     assert metrics.request_outcome("system", {"unsupported": "voice"}) == "system"
     assert metrics.request_outcome(None) == "error"
+
+
+def test_the_grafana_dashboard_queries_only_metrics_that_exist_and_shows_every_one():
+    dashboard = json.loads((REPO_ROOT / "deploy" / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = set(re.findall(r"\b((?:healthbot|process)_[a-z_]+)", " ".join(exprs)))
+    served = {s.name for f in metrics.REGISTRY.collect() for s in f.samples} | {
+        f.name + suffix for f in metrics.REGISTRY.collect() for suffix in ("", "_total", "_bucket", "_sum", "_count")}
+    assert used <= served, used - served
+    for family in EXPECTED_FAMILIES:
+        assert any(name.startswith(family) for name in used), f"{family} is not on the dashboard"
