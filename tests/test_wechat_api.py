@@ -289,3 +289,50 @@ async def test_create_menu_posts_it_with_the_shared_token(fake, apis):
     with pytest.raises(WechatApiError) as err:
         await api.create_menu(MENU_JSON)
     assert err.value.errcode == 40016
+
+
+# --------------------------------------------------------------------------- healthbot wechat menu
+
+
+@pytest.fixture
+def cli_main():
+    """bot.cli.main, with the logging configuration it installs (on the captured stderr) undone afterwards."""
+    import logging
+
+    import structlog
+
+    from bot.cli import main
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield main
+    structlog.configure(**saved)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def test_cli_menu_dry_run_prints_the_json(tmp_path, capsys, cli_main):
+    main = cli_main
+    (tmp_path / "menu.toml").write_text(MENU_TOML, encoding="utf-8")
+    assert main(["wechat", "menu", "--config", str(tmp_path / "menu.toml"), "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out) == MENU_JSON
+    (tmp_path / "bad.json").write_text('{"button": []}', encoding="utf-8")
+    assert main(["wechat", "menu", "--config", str(tmp_path / "bad.json")]) == 2
+
+
+async def test_cli_menu_creates_it_through_the_api(fake, tmp_path, capsys):
+    import argparse
+
+    from bot.cli import _wechat
+    from bot.config import load_config
+    (tmp_path / "menu.json").write_text(json.dumps(MENU_JSON, ensure_ascii=False), encoding="utf-8")
+    cfg = load_config(env={"HEALTHBOT_WECHAT_APPID": APPID, "HEALTHBOT_WECHAT_APPSECRET": SECRET,
+                           "HEALTHBOT_WECHAT_API_BASE": fake.url, "HEALTHBOT_STORE_URL": "memory://"})
+    assert await _wechat(cfg, argparse.Namespace(menu_file=str(tmp_path / "menu.json"), dry_run=False)) == 0
+    assert fake.menus == [MENU_JSON] and "menu created" in capsys.readouterr().out
+    fake.fail(MENU, 48001)  # api unauthorized (an unverified account)
+    assert await _wechat(cfg, argparse.Namespace(menu_file=str(tmp_path / "menu.json"), dry_run=False)) == 1
+    assert "48001" in capsys.readouterr().err
