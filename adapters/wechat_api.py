@@ -23,8 +23,11 @@ A call answered 40001/40014/42001 drops exactly the token it used
 again (one fetch for everyone) and retries once. 45009 (API daily quota) and
 45047 (the user's customer-service quota) are logged as
 ``wechat_api.quota_exceeded`` / ``wechat_api.kf_limit`` and counted in
-:attr:`WechatApi.stats` / :attr:`WechatApi.errors` (for metrics); they never raise
-out of :meth:`WechatApi.send_text`.
+:attr:`WechatApi.stats` / :attr:`WechatApi.errors`; they never raise out of
+:meth:`WechatApi.send_text`. Prometheus (bot/metrics.py):
+``healthbot_wechat_token_refreshes_total`` per token fetched,
+``healthbot_wechat_api_errors_total{code}`` per failed call — the errcode,
+``http_<status>``, ``network`` (no connection / no answer) or ``bad_answer`` (not JSON).
 
 Secrets: the AppSecret and the access token travel in query strings; no log line
 or exception message here contains a URL (aiohttp errors are logged by type only).
@@ -47,6 +50,7 @@ import aiohttp
 import structlog
 
 from adapters import wechat_constants as wc
+from bot import metrics
 from bot.config import WechatConfig
 from bot.store import Store
 
@@ -167,13 +171,18 @@ class WechatApi:
                                             headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
+                    self.stats["transport_errors"] += 1
+                    metrics.WECHAT_API_ERRORS.labels(code=f"http_{resp.status}").inc()
+                    log.warning("wechat_api.http_error", path=path, status=resp.status)
                     raise WechatApiError(None, f"HTTP {resp.status}", path, maybe_sent=resp.status >= 500)
         except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
             self.stats["transport_errors"] += 1
+            metrics.WECHAT_API_ERRORS.labels(code="network").inc()
             log.warning("wechat_api.unreachable", path=path, error=type(exc).__name__)
             raise WechatApiError(None, f"cannot connect ({type(exc).__name__})", path) from None
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.stats["transport_errors"] += 1
+            metrics.WECHAT_API_ERRORS.labels(code="network").inc()
             log.warning("wechat_api.transport_error", path=path, error=type(exc).__name__)
             raise WechatApiError(None, f"no answer ({type(exc).__name__})", path, maybe_sent=True) from None
         try:
@@ -182,6 +191,8 @@ class WechatApi:
                 raise ValueError("not an object")
         except ValueError:
             self.stats["transport_errors"] += 1
+            metrics.WECHAT_API_ERRORS.labels(code="bad_answer").inc()
+            log.warning("wechat_api.bad_answer", path=path)
             raise WechatApiError(None, "answer is not a JSON object", path, maybe_sent=True) from None
         errcode = out.get("errcode") or 0
         if errcode:
@@ -191,6 +202,7 @@ class WechatApi:
 
     def _note_error(self, errcode: int, errmsg: str, path: str, user: str | None) -> None:
         self.errors[errcode] += 1
+        metrics.WECHAT_API_ERRORS.labels(code=str(errcode)).inc()
         who = {"user": _mask(user)} if user else {}
         if errcode == wc.ERR_API_QUOTA:
             self.stats["quota_exceeded"] += 1
@@ -259,6 +271,7 @@ class WechatApi:
         ttl = max(expires_in - wc.TOKEN_REFRESH_MARGIN_S, expires_in / 2, 1)
         await self.store.set(TOKEN_KEY, token, ttl)
         self.stats["token_fetches"] += 1
+        metrics.WECHAT_TOKEN_REFRESHES.inc()
         log.info("wechat_api.token_fetched", expires_in_s=expires_in, shared_for_s=ttl)
         return token
 

@@ -336,3 +336,23 @@ async def test_cli_menu_creates_it_through_the_api(fake, tmp_path, capsys):
     fake.fail(MENU, 48001)  # api unauthorized (an unverified account)
     assert await _wechat(cfg, argparse.Namespace(menu_file=str(tmp_path / "menu.json"), dry_run=False)) == 1
     assert "48001" in capsys.readouterr().err
+
+
+async def test_prometheus_counters_follow_fetches_and_errors(fake, apis):
+    from bot import metrics
+
+    def value(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = (value("healthbot_wechat_token_refreshes_total"),
+              value("healthbot_wechat_api_errors_total", code="45047"),
+              value("healthbot_wechat_api_errors_total", code="40001"))
+    api = apis(_cfg(fake), MemoryStore())
+    fake.fail(SEND, 40001)
+    assert await api.send_text(OPENID, "x") is SendOutcome.SENT
+    fake.fail(SEND, 45047)
+    assert await api.send_text(OPENID, "x") is SendOutcome.FAILED
+    after = (value("healthbot_wechat_token_refreshes_total"),
+             value("healthbot_wechat_api_errors_total", code="45047"),
+             value("healthbot_wechat_api_errors_total", code="40001"))
+    assert [a - b for a, b in zip(after, before)] == [2, 1, 1]
