@@ -95,6 +95,17 @@ class TelegramConfig:
 
 
 @dataclass
+class ConsoleConfig:
+    """Agent console (adapters/console.py): ``GET /console`` and its ``/console/api/*``.
+
+    ``token``: the agents' shared bearer token (secret, ``HEALTHBOT_CONSOLE_TOKEN``);
+    empty = the console is off (its API answers 404). At least 16 characters.
+    """
+
+    token: str = ""
+
+
+@dataclass
 class InferenceConfig:
     """Inference pool and dynamic batcher (ARCHITECTURE.md, "The inference pool").
 
@@ -149,6 +160,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     wechat: WechatConfig = field(default_factory=WechatConfig)
     telegram: TelegramConfig = field(default_factory=TelegramConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
@@ -184,9 +196,10 @@ _SECRET_ENV = {
     "HEALTHBOT_TELEGRAM_SECRET": ("telegram", "secret"),
     "HEALTHBOT_TELEGRAM_API_BASE": ("telegram", "api_base"),
     "HEALTHBOT_TELEGRAM_AGENT_CHAT": ("telegram", "agent_chat"),
+    "HEALTHBOT_CONSOLE_TOKEN": ("console", "token"),
 }
 _SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key"), ("wechat", "appsecret"), ("telegram", "token"),
-                ("telegram", "secret")}
+                ("telegram", "secret"), ("console", "token")}
 
 
 def _coerce(section: str, key: str, current: Any, value: Any) -> Any:
