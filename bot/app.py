@@ -13,6 +13,7 @@ import time
 import structlog
 from aiohttp import web
 
+from adapters.console import setup_console
 from adapters.http import setup_http
 from adapters.wechat import setup_wechat
 from bot import metrics
@@ -85,6 +86,36 @@ class _LateDispatcher:
         return await self.target.handle(inbound)
 
 
+async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
+    """``/readyz``: ``(HTTP status, body)``.
+
+    200 when the model is loaded (the dispatcher exists) and, if the dispatcher has a
+    store, the store answers its ping within :data:`STORE_PING_TIMEOUT_S`; 503 before
+    start-up is done, when the store does not answer, and once shutdown has begun. The
+    body says which: ``ready``, ``model_loaded``, ``shutting_down``, and once loaded
+    ``engine`` (e.g. ``"onnxruntime"``), ``topics`` (count) and ``store`` (``ok`` |
+    ``unreachable``).
+    """
+    body: dict = {"ready": False, "model_loaded": dispatcher is not None, "shutting_down": state.shutting_down}
+    if dispatcher is None:
+        return 503, body
+    body["engine"] = dispatcher.retriever.encoder.engine_name
+    body["topics"] = len(dispatcher.kb)
+    store = getattr(dispatcher, "store", None)
+    if store is not None:
+        try:
+            reachable = bool(await asyncio.wait_for(store.ping(), STORE_PING_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - any failure means "not reachable"
+            reachable = False
+        body["store"] = "ok" if reachable else "unreachable"
+        if not reachable:
+            return 503, body
+    if state.shutting_down:
+        return 503, body
+    body["ready"] = True
+    return 200, body
+
+
 def create_app(cfg: Config) -> web.Application:
     """Build the app: ``GET/POST /wechat``, ``POST /api/chat``, ``GET /healthz``, ``GET /readyz``,
     ``GET /metrics`` (Prometheus, bot/metrics.py), and ``POST /telegram`` when
@@ -117,29 +148,9 @@ def create_app(cfg: Config) -> web.Application:
         return web.json_response({"status": "ok"})
 
     async def readyz(request: web.Request) -> web.Response:
-        """Ready for traffic (readiness): 200 when the model is loaded and, if the dispatcher
-        has a store, the store answers its ping within :data:`STORE_PING_TIMEOUT_S`;
-        503 before that and once shutdown has begun. The body says which:
-        ``{"ready", "model_loaded", "engine", "topics", "store", "shutting_down"}``.
-        """
-        d = dispatcher.target
-        body: dict = {"ready": False, "model_loaded": d is not None, "shutting_down": state.shutting_down}
-        if d is not None:
-            body["engine"] = d.retriever.encoder.engine_name
-            body["topics"] = len(d.kb)
-            store = getattr(d, "store", None)
-            if store is not None:
-                try:
-                    reachable = bool(await asyncio.wait_for(store.ping(), STORE_PING_TIMEOUT_S))
-                except Exception:  # noqa: BLE001 - any failure means "not reachable"
-                    reachable = False
-                body["store"] = "ok" if reachable else "unreachable"
-                if not reachable:
-                    return web.json_response(body, status=503)
-        if d is None or state.shutting_down:
-            return web.json_response(body, status=503)
-        body["ready"] = True
-        return web.json_response(body)
+        """Ready for traffic (readiness): see :func:`readiness`."""
+        status, body = await readiness(dispatcher.target, state)
+        return web.json_response(body, status=status)
 
     async def metrics_page(request: web.Request) -> web.Response:
         """Every metric of bot/metrics.py in the Prometheus text format."""
@@ -150,6 +161,7 @@ def create_app(cfg: Config) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     setup_http(app, dispatcher)
+    setup_console(app, cfg, handoff)  # /console (agents), GET /api/messages, the http channel's relay
     setup_wechat(app, cfg, dispatcher)
     if cfg.telegram.token:  # POST /telegram and the bot's lifecycle (adapters/telegram.py)
         from adapters.telegram import setup_telegram
