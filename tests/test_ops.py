@@ -3,6 +3,7 @@ and graceful shutdown of a real ``healthbot serve`` process (loopback only, boun
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -16,10 +17,12 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import structlog
 
+from bot.app import ServerState, readiness
 from bot.config import REPO_ROOT
 from bot.logs import SecretScrubber, configure_logging, request_id_from_header
 from bot.types import Inbound, MessageKind
@@ -158,6 +161,44 @@ def test_secret_named_keys_are_redacted_at_any_depth():
     assert out["max_batch_tokens"] == 8192 and out["authorization"] == "***"
 
 
+# ------------------------------------------------------------------ readiness (no model needed)
+
+
+class _Store:
+    def __init__(self, answer):
+        self.answer = answer
+
+    async def ping(self) -> bool:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        if self.answer == "hang":
+            await asyncio.sleep(10)
+        return self.answer
+
+
+def _loaded(store=None) -> SimpleNamespace:
+    """What readiness reads from a dispatcher: the encoder's engine name, the knowledge base, the store."""
+    return SimpleNamespace(retriever=SimpleNamespace(encoder=SimpleNamespace(engine_name="onnxruntime")),
+                           kb=[object()] * 3, store=store)
+
+
+async def test_readiness_needs_the_model_and_a_reachable_store_and_ends_at_shutdown():
+    state = ServerState()
+    assert await readiness(None, state) == (503, {"ready": False, "model_loaded": False, "shutting_down": False})
+    status, body = await readiness(_loaded(_Store(True)), state)
+    assert status == 200 and body == {"ready": True, "model_loaded": True, "shutting_down": False,
+                                      "engine": "onnxruntime", "topics": 3, "store": "ok"}
+    assert (await readiness(_loaded(), state))[0] == 200  # no store configured
+    for down in (False, ConnectionError("refused"), "hang"):
+        started = time.monotonic()
+        status, body = await readiness(_loaded(_Store(down)), state)
+        assert status == 503 and body["store"] == "unreachable" and body["engine"] == "onnxruntime"
+        assert time.monotonic() - started < 1.0  # a probe answers within Kubernetes' 1 s default
+    state.shutting_down = True
+    status, body = await readiness(_loaded(_Store(True)), state)
+    assert status == 503 and body["shutting_down"] is True and body["ready"] is False
+
+
 # ------------------------------------------------------------------ config errors
 
 
@@ -236,6 +277,7 @@ def test_healthz_and_readyz_with_the_engine_name(server):
     ready = json.loads(body)
     assert status == 200 and ready["ready"] is True and ready["model_loaded"] is True
     assert ready["engine"] == "onnxruntime" and ready["topics"] > 0 and ready["shutting_down"] is False
+    assert ready["store"] == "ok"  # the default SQLite store under the data directory
 
 
 @requires_model
