@@ -170,8 +170,11 @@ def create_app(cfg: Config) -> web.Application:
 async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = False) -> int:
     """Serve ``app`` on ``server.host:server.port`` until SIGTERM or SIGINT, then shut down gracefully.
 
-    Start-up loads the model before the port opens. On the signal, within
-    ``server.shutdown_timeout_s`` seconds in all:
+    Start-up loads the model before the port opens. aiohttp's access log is off (its
+    request line would carry WeChat's ``openid`` and signature query); each message's
+    ``reply`` line, and ``http_request`` lines at DEBUG, take its place.
+
+    On the signal, within ``server.shutdown_timeout_s`` seconds in all:
 
     1. ``/readyz`` answers 503; the listening socket closes (no new connections) and
        idle keep-alive connections close;
