@@ -174,7 +174,8 @@ WECHAT_TOKEN_REFRESHES: Final = Counter(
 WECHAT_API_ERRORS: Final = Counter(
     "healthbot_wechat_api_errors",
     "WeChat API calls that failed, by code: the errcode WeChat returned (e.g. 40001 invalid token, "
-    "42001 token expired, 45009 quota), http_<status> for a non-200 answer, network when no answer came.",
+    "42001 token expired, 45009 quota), http_<status> for a non-200 answer, network when no answer came, "
+    "bad_answer when the answer was not the JSON the API documents (adapters/wechat_api.py).",
     ["code"], registry=REGISTRY)
 
 TELEGRAM_RETRY_AFTER: Final = Counter(
