@@ -13,6 +13,7 @@ import time
 import structlog
 from aiohttp import web
 
+from adapters.console import setup_console
 from adapters.http import setup_http
 from adapters.wechat import setup_wechat
 from bot import metrics
@@ -160,6 +161,7 @@ def create_app(cfg: Config) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     setup_http(app, dispatcher)
+    setup_console(app, cfg, handoff)  # /console (agents), GET /api/messages, the http channel's relay
     setup_wechat(app, cfg, dispatcher)
     if cfg.telegram.token:  # POST /telegram and the bot's lifecycle (adapters/telegram.py)
         from adapters.telegram import setup_telegram
