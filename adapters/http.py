@@ -18,6 +18,11 @@ from bot.types import Inbound, MessageKind
 MAX_TEXT_CHARS = 2000  # longer questions are refused with 400; no channel sends more in one message
 
 
+def _dumps(obj) -> str:
+    """JSON with Chinese kept readable (not \\uXXXX escapes)."""
+    return json.dumps(obj, ensure_ascii=False)
+
+
 def setup_http(app: web.Application, dispatcher) -> None:
     """Add ``POST /api/chat`` to ``app``, answering through ``dispatcher.handle``."""
 
@@ -39,6 +44,6 @@ def setup_http(app: web.Application, dispatcher) -> None:
                           message_id=str(body.get("message_id") or uuid.uuid4()),
                           kind=MessageKind.TEXT, text=text, lang=lang)
         reply = await dispatcher.handle(inbound)
-        return web.json_response(reply.as_dict())
+        return web.json_response(reply.as_dict(), dumps=_dumps)
 
     app.router.add_post("/api/chat", chat)

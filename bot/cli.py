@@ -110,7 +110,11 @@ async def _eval(cfg: Config, args: argparse.Namespace) -> int:
     from bot.evaluate import evaluate, format_report, read_labelled
     from bot.runtime import open_dispatcher
 
-    rows = read_labelled(Path(args.file))
+    try:
+        rows = read_labelled(Path(args.file))
+    except (OSError, ValueError) as exc:
+        print(f"healthbot eval: {exc}", file=sys.stderr)
+        return 2
     async with open_dispatcher(cfg) as dispatcher:
         if args.compare:
             from bot.evaluate import retrieval_accuracy

@@ -52,7 +52,7 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) ->
         handoff.store = store
     encoder = await Encoder.create(cfg.inference, cfg.engines_path)
     try:
-        retriever = await Retriever.build(kb, encoder, cache_dir=cfg.path(cfg.data_dir) / "cache",
+        retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
                                           model_digest=model_digest(cfg))
         dispatcher = Dispatcher(cfg, retriever, handoff, store)
         log.info("ready", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
