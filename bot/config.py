@@ -13,6 +13,7 @@ Environment overrides: ``HEALTHBOT_<SECTION>_<KEY>`` (e.g.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -111,21 +112,66 @@ class InferenceConfig:
 
     ``max_queue_delay_ms``: how long a batch may wait for more requests after its
     first one (Triton's ``max_queue_delay_microseconds``; 0 = never wait).
+    ``max_batch_size``: windows per batch on CPU engines; ``gpu_max_batch_size``
+    the same for GPU engines (tensorrt, torch_cuda), whose cost per batch is
+    nearly flat up to 256 short queries (docs/benchmarks.md).
     ``max_batch_tokens``: padded-cost budget per batch (longest × count), as in
     text-embeddings-inference. ``max_queue_size``: pending requests beyond this
     fail fast with a "busy" error. ``deadline_ms``: per-request deadline.
     ``intra_op_threads``: ONNX Runtime threads per session (0 = runtime default).
+    ``workers``: pool workers (engine instances) per device.
+
+    ``onnx_precision``: the ONNX Runtime model: ``fp32`` (``engines/model.onnx``),
+    ``int8`` (``engines/model.int8.onnx``, built by ``healthbot build-engine
+    --engine onnxruntime --precision int8``), or ``auto``: int8 when that file
+    is current and passed the accuracy check (inference/accuracy.py), else fp32.
+
+    ``devices``: GPUs the pool places engines on, ``["all"]`` (every visible
+    GPU) or indices (``HEALTHBOT_INFERENCE_DEVICES=0,1``); ignored by CPU engines.
+
+    ``fallback_engine``: the CPU engine a GPU engine falls back to at run time
+    (``""`` = none). ``circuit_failures`` consecutive failed batches open the
+    circuit (traffic goes to the fallback; a GPU of several leaves the rotation);
+    after ``circuit_reset_s`` one batch probes it again (half-open), doubling up
+    to ``circuit_max_reset_s`` while it keeps failing.
+
+    ``gc_freeze``: after the model is loaded, move every object then alive out of
+    the cyclic garbage collector's reach (``gc.freeze()``), so full collections
+    do not scan the model's millions of objects (tail-latency spikes otherwise).
     """
 
     engines_dir: str = "engines"
     engine_order: list[str] = field(default_factory=lambda: ["tensorrt", "torch_cuda", "onnxruntime"])
     workers: int = 1
     max_batch_size: int = 32
+    gpu_max_batch_size: int = 256
     max_batch_tokens: int = 8192
     max_queue_delay_ms: float = 10.0
     max_queue_size: int = 1024
     deadline_ms: float = 2000.0
     intra_op_threads: int = 0
+    onnx_precision: str = "auto"
+    devices: list[str] = field(default_factory=lambda: ["all"])
+    fallback_engine: str = "onnxruntime"
+    circuit_failures: int = 3
+    circuit_reset_s: float = 5.0
+    circuit_max_reset_s: float = 60.0
+    gc_freeze: bool = True
+
+    def validate(self) -> None:
+        """Check the inference keys; raises :class:`ConfigError` naming the key.
+
+        (The checks of ``_validate`` below for the older keys stay there.)
+        """
+        if self.onnx_precision not in ("auto", "fp32", "int8"):
+            raise ConfigError(f"config key 'inference.onnx_precision': {self.onnx_precision!r} is not auto|fp32|int8")
+        if self.gpu_max_batch_size < 1 or self.circuit_failures < 1:
+            raise ConfigError("config keys 'inference.gpu_max_batch_size' and 'inference.circuit_failures' must be >= 1")
+        if not 0 < self.circuit_reset_s <= self.circuit_max_reset_s:
+            raise ConfigError("config keys 'inference.circuit_reset_s' must be > 0 and <= 'inference.circuit_max_reset_s'")
+        devices = [str(d).strip() for d in self.devices]
+        if devices != ["all"] and not all(d.isdigit() for d in devices):
+            raise ConfigError(f"config key 'inference.devices': {self.devices!r} is not \"all\" or a list of GPU indices")
 
 
 @dataclass
@@ -226,7 +272,10 @@ def _apply(cfg: Config, section: str, key: str, value: Any) -> None:
     target = getattr(cfg, section) if section else cfg
     names = {f.name for f in dataclasses.fields(target)}
     if key not in names:
-        raise ConfigError(f"unknown config key {section + '.' if section else ''}{key!r}")
+        name = f"{section}.{key}" if section else key
+        close = difflib.get_close_matches(key, sorted(names), n=1)
+        hint = f" (did you mean '{section + '.' if section else ''}{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown config key '{name}'{hint}")
     setattr(target, key, _coerce(section, key, getattr(target, key), value))
 
 

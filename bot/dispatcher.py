@@ -36,7 +36,7 @@ from bot.types import Inbound, Intent, MessageKind, Reply
 from inference.batcher import BusyError, DeadlineExceeded
 from safety.disclaimer import with_disclaimer
 from safety.normalize import normalize, to_user_script
-from safety.pii import mask_pii
+from safety.pii import mask_pii, pseudonym
 from safety.review import review
 from safety.scope import check_scope
 from safety.triage import triage
@@ -173,7 +173,7 @@ class Dispatcher:
             except Exception as exc:
                 latency_s = time.perf_counter() - start
                 metrics.observe_request(inbound.channel, "error", latency_s)
-                log.error("reply", channel=inbound.channel, user=mask_pii(inbound.user_id),
+                log.error("reply", channel=inbound.channel, user=pseudonym(inbound.user_id),
                           message_id=inbound.message_id, input_chars=len(inbound.text),
                           latency_ms=round(latency_s * 1000.0, 2), outcome="error", error=type(exc).__name__)
                 raise
@@ -189,7 +189,7 @@ class Dispatcher:
                 await self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
                 if reply.text:
                     await self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", reply.text)
-            log.info("reply", channel=inbound.channel, user=mask_pii(inbound.user_id), message_id=inbound.message_id,
+            log.info("reply", channel=inbound.channel, user=pseudonym(inbound.user_id), message_id=inbound.message_id,
                      intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
                      engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2),
                      outcome=outcome, **extra)

@@ -19,6 +19,7 @@ nothing here is reversible.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 __all__ = ["mask_pii", "PII_PATTERNS"]
@@ -50,3 +51,12 @@ def mask_pii(text: str) -> str:
     for placeholder, pattern in PII_PATTERNS:
         out = pattern.sub(placeholder, out)
     return out
+
+
+def pseudonym(user_id: str) -> str:
+    """A stable, non-reversible stand-in for a channel user id (WeChat OpenID, Telegram id) in logs.
+
+    OpenIDs identify a person to whoever holds the account, so logs carry the first
+    12 hex digits of their SHA-256 instead (enough to follow one user's requests).
+    """
+    return "u_" + hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:12]
