@@ -52,6 +52,8 @@ REPLY_TTL_S = 3600.0
 #: (inside WeChat's 5 s deadline, with the adapter's own budget on top).
 REPLICA_WAIT_S = 4.5
 
+#: Replies about health: reviewed (no dose, no "stop taking") and carrying the disclaimer.
+HEALTH_INTENTS = frozenset({Intent.ANSWER, Intent.EMERGENCY, Intent.REFER_DOCTOR, Intent.NO_ANSWER})
 #: Channels whose users are rate limited (the CLI and evaluations are local tools).
 RATE_LIMITED_CHANNELS = frozenset({"wechat", "telegram", "http"})
 
@@ -216,7 +218,15 @@ class Dispatcher:
         if not norm.text.strip():
             return Reply(intent_reply(Intent.GREETING, lang), Intent.GREETING, lang), {}
 
+        notes: dict[str, Any] = {}
+
         def out(body: str, intent: Intent, **kw: Any) -> Reply:
+            """The reply in the user's script; health texts reviewed and carrying the disclaimer."""
+            if intent in HEALTH_INTENTS:
+                checked = review(body, lang)
+                if checked.blocked:
+                    notes["review_blocked"] = checked.reasons
+                body = with_disclaimer(checked.text, lang)
             return Reply(to_user_script(body, norm.script, norm.variant), intent, lang, **kw)
 
         urgent = triage(norm.text, lang, self.cfg.safety)
@@ -228,7 +238,8 @@ class Dispatcher:
             if urgent is None:
                 return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
         if urgent is not None:
-            return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind}
+            return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind,
+                                                                        **notes}
         if not await self._within_rate(inbound):
             return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
         intent = rule_intent(norm)
@@ -240,7 +251,7 @@ class Dispatcher:
             return out(intent_reply(intent, lang), intent, handoff=intent is Intent.HANDOFF), {}
         scope = check_scope(norm.text, lang)
         if scope is not None:
-            return out(with_disclaimer(scope.reply, lang), Intent.REFER_DOCTOR), {"rule": scope.reason}
+            return out(scope.reply, Intent.REFER_DOCTOR), {"rule": scope.reason, **notes}
         session = await self.sessions.get(inbound.channel, inbound.user_id)
         context = None
         if session.last_topic and is_follow_up(norm.text):
@@ -258,13 +269,10 @@ class Dispatcher:
         if found.off_topic == "no_answer" or best.confidence < self.cfg.knowledge.min_confidence:
             session.no_answer_streak += 1
             await self.sessions.save(inbound.channel, inbound.user_id, session)
-            body = with_disclaimer(intent_reply(Intent.NO_ANSWER, lang), lang)
-            return out(body, Intent.NO_ANSWER, confidence=best.confidence, engine=engine,
-                       handoff=True), {"best_topic": best.topic_id}
+            return out(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=best.confidence,
+                       engine=engine, handoff=True), {"best_topic": best.topic_id, **notes}
         topic = self.kb.topics[best.topic_id]
         session.last_topic, session.no_answer_streak = topic.id, 0
         await self.sessions.save(inbound.channel, inbound.user_id, session)
-        checked = review(topic.render(lang), lang)
-        body = with_disclaimer(checked.text, lang)
-        return out(body, Intent.ANSWER, topic=topic.id, confidence=best.confidence, engine=engine), (
-            {"review_blocked": checked.reasons} if checked.blocked else {})
+        reply = out(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=best.confidence, engine=engine)
+        return reply, notes

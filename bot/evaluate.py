@@ -9,6 +9,7 @@ emergency recall (emergency lines answered as emergency) and false alarms
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,7 @@ async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> E
     dispatcher answers a repeated message id from its dedup cache).
     """
     res = EvalResult()
+    run = f"{run}-{time.time_ns()}"  # message ids unique to this run: the store keeps replies across runs
     for i, row in enumerate(rows):
         reply = await dispatcher.handle(Inbound(channel="eval", user_id=f"eval-{run}-{i}", chat_id=f"eval-{run}-{i}",
                                                 message_id=f"eval-{run}-{i}", kind=MessageKind.TEXT, text=row["q"],
