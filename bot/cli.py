@@ -85,9 +85,12 @@ async def _ask(cfg: Config, args: argparse.Namespace) -> int:
     from bot.runtime import open_dispatcher
     from bot.types import Inbound, MessageKind
 
+    run = time.time_ns()
     async with open_dispatcher(cfg) as dispatcher:
         async def one(text: str, n: int):
-            inbound = Inbound(channel="cli", user_id="cli", chat_id="cli", message_id=f"cli-{time.time_ns()}-{n}",
+            # each question is its own conversation (a "转人工" line must not silence the rest)
+            user = f"cli-{run}-{n}"
+            inbound = Inbound(channel="cli", user_id=user, chat_id=user, message_id=f"cli-{run}-{n}",
                               kind=MessageKind.TEXT, text=text)
             return await dispatcher.handle(inbound)
 
