@@ -20,6 +20,7 @@ know (intent ``no_answer``).
 from __future__ import annotations
 
 import hashlib
+import os
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,7 +177,7 @@ class Retriever:
             vectors = np.stack([known[t] for t in texts]).astype(np.float32)
             if cache:
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache.with_suffix(".tmp.npy")
+                tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npy")  # replicas may share engines/
                 np.save(tmp, vectors)
                 tmp.replace(cache)
         example_vectors, at = {}, n_kb
