@@ -646,7 +646,7 @@ def wechatpy_open_reply(aes_key: str, body: str) -> dict[str, str]:
 
 
 async def test_three_deliveries_while_slow_subscription_computes_once_and_delivers_once(serve, signer):
-    dispatcher = CachingDispatcher(delay_s=1.0)
+    dispatcher = CachingDispatcher(delay_s=2.0  # all three deliveries (0.2 s each) end before it does)
     client = await serve(dispatcher, reply_budget_s=0.2)
     adapter = client.app[WECHAT_ADAPTER]
     xml = wx.text_xml("手脚冰凉怎么办", msg_id=4242)
@@ -685,7 +685,7 @@ async def test_subscription_late_answer_comes_with_the_users_next_message(serve,
 
 
 async def test_three_deliveries_while_slow_service_account_sends_once_through_the_api(serve, signer, fake_api):
-    dispatcher = CachingDispatcher(delay_s=1.0)
+    dispatcher = CachingDispatcher(delay_s=2.0)
     client = await serve(dispatcher, reply_budget_s=0.2, **service(fake_api))
     adapter = client.app[WECHAT_ADAPTER]
     xml = wx.text_xml("手脚冰凉怎么办", msg_id=4300)
