@@ -646,7 +646,7 @@ def wechatpy_open_reply(aes_key: str, body: str) -> dict[str, str]:
 
 
 async def test_three_deliveries_while_slow_subscription_computes_once_and_delivers_once(serve, signer):
-    dispatcher = CachingDispatcher(delay_s=2.0  # all three deliveries (0.2 s each) end before it does)
+    dispatcher = CachingDispatcher(delay_s=2.0)  # the three deliveries (0.2 s each) all end before it does
     client = await serve(dispatcher, reply_budget_s=0.2)
     adapter = client.app[WECHAT_ADAPTER]
     xml = wx.text_xml("手脚冰凉怎么办", msg_id=4242)
