@@ -86,6 +86,8 @@ async def _ask(cfg: Config, args: argparse.Namespace) -> int:
     from bot.types import Inbound, MessageKind
 
     run = time.time_ns()
+    # One sequential caller: waiting for a fuller batch could only add latency.
+    cfg.inference.max_queue_delay_ms = 0.0
     async with open_dispatcher(cfg) as dispatcher:
         async def one(text: str, n: int):
             # each question is its own conversation (a "转人工" line must not silence the rest)
