@@ -1,20 +1,45 @@
-"""Encoder throughput and latency, batched against unbatched (``healthbot bench``).
+"""Encoder throughput and latency per engine, batched against unbatched, and the engine-only ceiling
+(``healthbot bench``).
 
-One pool (the configured engine and workers) is loaded once; two batchers run
-over it: the configured one, and one with ``max_batch_size = 1`` (batching off).
-Each is driven by 1 and by 32 concurrent clients, every client encoding one short
-health question at a time, as the dispatcher does. Each run is bounded both in
-requests and in seconds so the whole bench stays near a minute on 2 cores.
+For each engine benched (default: the engine ``inference.engine_order`` selects
+here; ``--engines onnxruntime:fp32,onnxruntime:int8,torch_cuda`` for several),
+one pool is loaded (``inference.workers`` engines per device) and driven through
+the real front end, tokenization included: ``concurrency`` clients each call
+``Encoder.encode([one question])`` in a loop, as the dispatcher does, with
+
+- the configured batcher (``batched``), and
+- the same batcher with ``max_batch_size = 1`` (``batched: false``),
+
+at concurrency 1, 32 and 256, each run for ``run_seconds``; then the engine
+alone (``engine.infer`` on its worker thread, no asyncio, no tokenizer) on a
+the batches the batcher would form from the same questions all queued at once
+(grouped by length bucket, up to the batched size): the ceiling the pool is compared to.
+GPU memory of the engine (``gpu_memory_bytes`` of engines that report it) is
+recorded where CUDA exists.
+
+Output: a table (:func:`format_table`), the JSON form
+``{"runs": [{"engine", "precision", "batched", "concurrency", "throughput",
+"p50_ms", "p99_ms", ...}], ...}`` with engine-only runs marked
+``"engine_only": true``, and a PNG plot (:func:`write_plot`, needs matplotlib).
+
+On a 2-core CPU the default bench (one engine, 6 runs of 4 s + the ceiling)
+takes about 40 s. Run: ``python -m inference.bench [--json] [--plot FILE.png]
+[--engines ...] [--seconds S] [--loop auto|asyncio|uvloop] [--memory N]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import dataclasses
+import json
 import os
+import platform
+import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -60,112 +85,529 @@ QUESTIONS: tuple[str, ...] = (
     "tips for better sleep hygiene",
 )
 
-DEFAULT_CONCURRENCIES = (1, 32)
-#: Requests per run, at most.
-DEFAULT_REQUESTS = 300
-#: Seconds per run, at most (4 runs + model load + warm-up stay near a minute).
-DEFAULT_RUN_SECONDS = 10.0
+DEFAULT_CONCURRENCIES = (1, 32, 256)
+#: Seconds per run (6 runs per engine + the ceiling keep one CPU engine near 40 s).
+DEFAULT_RUN_SECONDS = 4.0
+#: Seconds of the engine-only run.
+CEILING_SECONDS = 3.0
 WARMUP_REQUESTS = 8
 
+GPU_ENGINES = ("tensorrt", "torch_cuda")
 
-async def _drive(encoder: Encoder, concurrency: int, requests: int, run_seconds: float,
-                 texts: Sequence[str]) -> dict[str, Any]:
-    """``concurrency`` clients, one question per encode, until ``requests`` done or time is up."""
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """One engine to bench: ``name`` and, for onnxruntime, ``precision`` (fp32 | int8 | auto)."""
+
+    name: str
+    precision: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> EngineSpec:
+        """``"onnxruntime:int8"`` → EngineSpec("onnxruntime", "int8"); ``"torch_cuda"`` → no precision.
+
+        Raises:
+            ValueError: an unknown engine or precision.
+        """
+        name, _, prec = text.strip().partition(":")
+        if name not in ("tensorrt", "torch_cuda", "onnxruntime"):
+            raise ValueError(f"unknown engine {name!r}: tensorrt, torch_cuda, onnxruntime[:fp32|int8]")
+        if prec and (name != "onnxruntime" or prec not in ("fp32", "int8", "auto")):
+            raise ValueError(f"{text!r}: only onnxruntime takes a precision (fp32, int8, auto)")
+        return cls(name, prec)
+
+
+def _percentiles(lat_ms: list[float]) -> tuple[float, float]:
+    if not lat_ms:
+        return 0.0, 0.0
+    arr = np.asarray(lat_ms)
+    return round(float(np.percentile(arr, 50)), 3), round(float(np.percentile(arr, 99)), 3)
+
+
+async def drive(submit: Callable[[Any], Any], items: Sequence[Any], concurrency: int, run_seconds: float,
+                batcher: Any = None) -> dict[str, Any]:
+    """``concurrency`` clients, each awaiting ``submit(item)`` in a loop for ``run_seconds``.
+
+    Returns:
+        ``{"requests", "errors", "seconds", "throughput" (completed/s), "p50_ms",
+        "p99_ms", "mean_batch_size"}``; requests started before the end are
+        waited for and counted.
+    """
     latencies_ms: list[float] = []
     errors = 0
-    issued = 0
     stop_at = time.perf_counter() + run_seconds
+    perf = time.perf_counter
+    record = latencies_ms.append
 
-    async def client() -> None:
-        nonlocal issued, errors
-        while issued < requests and time.perf_counter() < stop_at:
-            text = texts[issued % len(texts)]
-            issued += 1
-            t0 = time.perf_counter()
+    async def client(start: int) -> None:
+        nonlocal errors
+        i = start
+        n = len(items)
+        while perf() < stop_at:
+            t0 = perf()
             try:
-                await encoder.encode([text])
+                await submit(items[i % n])
             except (BusyError, DeadlineExceeded, EngineError):
                 errors += 1
-                continue
-            latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+            else:
+                record((perf() - t0) * 1000.0)
+            i += concurrency
 
-    stats = encoder.batcher.stats
-    batches0, reqs0 = stats.batches_run, stats.requests_run
+    stats = batcher.stats if batcher is not None else None
+    b0, r0 = (stats.batches_run, stats.requests_run) if stats else (0, 0)
     t_start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    await asyncio.gather(*(client(c) for c in range(concurrency)))
     elapsed = time.perf_counter() - t_start
-    batches = stats.batches_run - batches0
-    lat = np.asarray(latencies_ms) if latencies_ms else np.zeros(1)
-    return {
-        "requests": len(latencies_ms),
-        "errors": errors,
-        "seconds": round(elapsed, 3),
-        "throughput": round(len(latencies_ms) / elapsed, 1) if elapsed > 0 else 0.0,
-        "p50_ms": round(float(np.percentile(lat, 50)), 2),
-        "p99_ms": round(float(np.percentile(lat, 99)), 2),
-        "mean_batch_size": round((stats.requests_run - reqs0) / batches, 2) if batches else 0.0,
-    }
+    p50, p99 = _percentiles(latencies_ms)
+    batches = (stats.batches_run - b0) if stats else 0
+    return {"requests": len(latencies_ms), "errors": errors, "seconds": round(elapsed, 3),
+            "throughput": round(len(latencies_ms) / elapsed, 1) if elapsed > 0 else 0.0,
+            "p50_ms": p50, "p99_ms": p99,
+            "mean_batch_size": round((stats.requests_run - r0) / batches, 2) if batches else 0.0}
+
+
+def ceiling_batches(windows: Sequence[Sequence[int]], max_batch_size: int, max_batch_tokens: int,
+                    buckets: Sequence[int] = (16, 32, 64, 128, 256, 512)) -> list[list[Sequence[int]]]:
+    """The batches the batcher would form from ``windows`` when all are queued at once:
+    grouped by sequence bucket, in order, each up to ``max_batch_size`` windows
+    and ``max_batch_tokens`` padded tokens."""
+    from inference.batcher import bucket_for
+
+    by: dict[int, list[Sequence[int]]] = {}
+    for w in windows:
+        by.setdefault(bucket_for(len(w), buckets), []).append(w)
+    out = []
+    for b in sorted(by):
+        cur: list[Sequence[int]] = []
+        longest = 0
+        for w in by[b]:
+            nl = max(longest, len(w))
+            if cur and (len(cur) >= max_batch_size or nl * (len(cur) + 1) > max_batch_tokens):
+                out.append(cur)
+                cur, nl = [], len(w)
+            cur.append(w)
+            longest = nl
+        if cur:
+            out.append(cur)
+    return out
+
+
+def _engine_only(batches: list[list[Sequence[int]]], pad_id: int, seconds: float) -> Callable[[Any], dict[str, Any]]:
+    """A function for a worker thread: ``engine.infer`` over pre-padded batches in a loop."""
+    from inference.pool import pad_batch
+
+    padded = [pad_batch(b, pad_id) for b in batches]
+    windows = sum(ids.shape[0] for ids, _ in padded)
+
+    def run(engine: Any) -> dict[str, Any]:
+        for ids, mask in padded[:3]:
+            engine.infer(ids, mask)
+        rounds = 0
+        t0 = time.perf_counter()
+        stop = t0 + seconds
+        while time.perf_counter() < stop or rounds < 1:
+            for ids, mask in padded:
+                engine.infer(ids, mask)
+            rounds += 1
+        elapsed = time.perf_counter() - t0
+        return {"batch_size": max(ids.shape[0] for ids, _ in padded),
+                "seq_len": "/".join(sorted({str(ids.shape[1]) for ids, _ in padded}, key=int)),
+                "calls": rounds * len(padded), "median_ms": round(elapsed / (rounds * len(padded)) * 1000.0, 3),
+                "throughput": round(rounds * windows / elapsed, 1),
+                "gpu_memory_mib": (round(engine.gpu_memory_bytes / 2**20, 1)
+                                   if getattr(engine, "gpu_memory_bytes", None) else None)}
+
+    return run
+
+
+async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path, tokenizer: Any, *,
+                       concurrencies: Sequence[int], run_seconds: float, texts: Sequence[str],
+                       ceiling_seconds: float, progress: Callable[[str], None]) -> tuple[dict, list[dict]]:
+    """Bench one engine (module doc); returns ``(engine info, runs)``.
+
+    Raises:
+        EngineError: the engine does not load here.
+    """
+    from inference.manager import _LOADERS, _call_loader, resolve_devices
+    from inference.pool import InferencePool
+
+    ecfg = dataclasses.replace(cfg, onnx_precision=spec.precision or cfg.onnx_precision)
+    loader = _LOADERS[spec.name]
+    devices = resolve_devices(ecfg.devices, spec.name)
+    t0 = time.perf_counter()
+    pool = await InferencePool.start(
+        lambda d=None: _call_loader(loader, ecfg, engines_dir, d), ecfg.workers, tokenizer.pad_id, devices=devices)
+    load_s = time.perf_counter() - t0
+    precision = await pool.call_on_worker(lambda e: getattr(e, "precision", None) or
+                                          ("fp16" if spec.name in GPU_ENGINES else "fp32"))
+    info: dict[str, Any] = {"engine": spec.name, "precision": precision, "workers": pool.workers,
+                            "devices": ["cpu" if d is None else f"cuda:{d}" for d in pool.devices],
+                            "load_seconds": round(load_s, 2)}
+    runs: list[dict] = []
+    try:
+        batched_bs = 0
+        for batched in (True, False):
+            bcfg = ecfg if batched else dataclasses.replace(ecfg, max_batch_size=1, gpu_max_batch_size=1)
+            enc = Encoder(tokenizer, pool, batcher_for(bcfg, pool, tokenizer))
+            if batched:
+                batched_bs = enc.batcher.max_batch_size
+            try:
+                for text in texts[:WARMUP_REQUESTS]:
+                    await enc.encode([text])
+                for c in concurrencies:
+                    r = await drive(lambda t, enc=enc: enc.encode([t]), texts, c, run_seconds, enc.batcher)
+                    run = {"engine": spec.name, "precision": precision, "batched": batched, "concurrency": c,
+                           "engine_only": False, "max_batch_size": enc.batcher.max_batch_size,
+                           "max_queue_delay_ms": enc.batcher.max_queue_delay_ms, **r}
+                    runs.append(run)
+                    progress(f"{spec.name}/{precision} {'batched' if batched else 'unbatched'} c={c}: "
+                             f"{r['throughput']:.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
+                             f"batch {r['mean_batch_size']}")
+            finally:
+                await enc.batcher.close()
+        windows = [w for per in tokenizer.encode_batch(list(texts)) for w in per]
+        windows = [windows[i % len(windows)] for i in range(max(4 * batched_bs, len(windows)))]
+        batches = ceiling_batches(windows, batched_bs, ecfg.max_batch_tokens)
+        ceil = await pool.call_on_worker(_engine_only(batches, tokenizer.pad_id, ceiling_seconds))
+        info["gpu_memory_mib"] = ceil.pop("gpu_memory_mib")
+        if info["gpu_memory_mib"] is not None and len(pool.devices) > 0:
+            info["gpu_memory_note"] = "memory one engine added on its GPU at load (weights, graphs, buffers)"
+        runs.append({"engine": spec.name, "precision": precision, "batched": True, "concurrency": None,
+                     "engine_only": True, "throughput": ceil["throughput"], "p50_ms": ceil["median_ms"],
+                     "p99_ms": None, "batch_size": ceil["batch_size"], "seq_len": ceil["seq_len"],
+                     "calls": ceil["calls"]})
+        progress(f"{spec.name}/{precision} engine only, batches up to {ceil['batch_size']} x {ceil['seq_len']} "
+                 f"tokens: {ceil['throughput']:.0f}/s ({ceil['median_ms']:.2f} ms per batch)")
+    finally:
+        await pool.close()
+    return info, runs
+
+
+def default_engines(cfg: InferenceConfig) -> list[EngineSpec]:
+    """The engine ``inference.engine_order`` would select here (GPU engines only where a GPU is visible)."""
+    from inference.manager import _gpu_visible
+
+    for name in cfg.engine_order:
+        if name in GPU_ENGINES and not _gpu_visible():
+            continue
+        if name == "tensorrt":
+            with contextlib.suppress(ImportError):
+                import tensorrt  # noqa: F401
+
+                return [EngineSpec(name)]
+            continue
+        return [EngineSpec(name)]
+    return [EngineSpec("onnxruntime")]
 
 
 async def run_bench(cfg: InferenceConfig, engines_dir: Path, concurrencies: Sequence[int] = DEFAULT_CONCURRENCIES,
-                    requests: int = DEFAULT_REQUESTS, run_seconds: float = DEFAULT_RUN_SECONDS,
-                    texts: Sequence[str] = QUESTIONS) -> dict[str, Any]:
-    """Measure the encoder batched (as configured) and unbatched (max_batch_size 1).
+                    run_seconds: float = DEFAULT_RUN_SECONDS, texts: Sequence[str] = QUESTIONS,
+                    engines: Sequence[EngineSpec | str] | None = None, ceiling_seconds: float = CEILING_SECONDS,
+                    progress: Callable[[str], None] | None = None, **_ignored: Any) -> dict[str, Any]:
+    """Bench each engine (module doc).
 
     Args:
-        cfg: the inference config (engine order, workers, batcher knobs).
+        cfg: the inference config (engine order, workers, devices, batcher knobs).
         engines_dir: the prepared model folder.
         concurrencies: concurrent clients per run.
-        requests: encodes per run, at most.
-        run_seconds: seconds per run, at most.
+        run_seconds: seconds per run.
         texts: questions, cycled.
+        engines: what to bench (:class:`EngineSpec` or ``"onnxruntime:int8"``);
+            default :func:`default_engines`. An engine that does not load is
+            reported under ``"skipped"``.
+        ceiling_seconds: seconds of each engine-only run.
+        progress: called with one line per finished run.
 
     Returns:
-        ``{"engine", "workers", "intra_op_threads", "cpu_count", "batcher": {...},
-        "runs": [{"engine", "batched", "concurrency", "throughput" (encodes/s),
-        "p50_ms", "p99_ms", "requests", "errors", "seconds", "mean_batch_size"}]}``.
+        ``{"machine": {...}, "batcher": {...}, "engines": [{engine, precision, workers,
+        devices, load_seconds, gpu_memory_mib}], "skipped": {name: reason},
+        "runs": [{"engine", "precision", "batched", "concurrency", "engine_only",
+        "throughput" (encodes/s), "p50_ms", "p99_ms", "requests", "errors",
+        "seconds", "mean_batch_size", ...}]}``.
 
     Raises:
-        FileNotFoundError / EngineError: as :meth:`Encoder.create`.
+        FileNotFoundError: the model is not prepared.
     """
-    encoder = await Encoder.create(cfg, engines_dir)
-    pool, tokenizer = encoder.pool, encoder.tokenizer
-    unbatched = Encoder(tokenizer, pool, batcher_for(dataclasses.replace(cfg, max_batch_size=1), pool))
-    runs = []
-    try:
-        for batched, enc in ((True, encoder), (False, unbatched)):
-            for concurrency in concurrencies:
-                for text in texts[:WARMUP_REQUESTS]:
-                    await enc.encode([text])
-                run = await _drive(enc, concurrency, requests, run_seconds, texts)
-                runs.append({"engine": pool.engine_name, "batched": batched, "concurrency": concurrency, **run})
-    finally:
-        await unbatched.batcher.close()
-        await encoder.close()
+    from inference.tokenizer import E5Tokenizer
+
+    emit = progress or (lambda line: None)
+    engines_dir = Path(engines_dir)
+    if not (engines_dir / "manifest.json").is_file():
+        raise FileNotFoundError(f"{engines_dir / 'manifest.json'} missing: run 'healthbot prepare-model'")
+    specs = [EngineSpec.parse(e) if isinstance(e, str) else e for e in (engines or default_engines(cfg))]
+    tokenizer = await asyncio.to_thread(E5Tokenizer.load, engines_dir)
+    t0 = time.perf_counter()
+    infos, runs, skipped = [], [], {}
+    for spec in specs:
+        try:
+            info, r = await bench_engine(spec, cfg, engines_dir, tokenizer, concurrencies=concurrencies,
+                                         run_seconds=run_seconds, texts=texts, ceiling_seconds=ceiling_seconds,
+                                         progress=emit)
+        except EngineError as exc:
+            skipped[spec.name + (f":{spec.precision}" if spec.precision else "")] = str(exc)
+            emit(f"{spec.name}: skipped ({exc})")
+            continue
+        infos.append(info)
+        runs += r
+    loop = asyncio.get_running_loop()
     return {
-        "engine": pool.engine_name,
-        "workers": pool.workers,
-        "intra_op_threads": cfg.intra_op_threads,
-        "cpu_count": os.cpu_count(),
-        "batcher": {"max_batch_size": encoder.batcher.max_batch_size,
-                    "max_batch_tokens": cfg.max_batch_tokens,
-                    "max_queue_delay_ms": cfg.max_queue_delay_ms},
+        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
+                    "event_loop": f"{type(loop).__module__}.{type(loop).__name__}",
+                    "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), **_gpu_info()},
+        "batcher": {"max_batch_size": cfg.max_batch_size, "gpu_max_batch_size": cfg.gpu_max_batch_size,
+                    "max_batch_tokens": cfg.max_batch_tokens, "max_queue_delay_ms": cfg.max_queue_delay_ms,
+                    "workers": cfg.workers, "intra_op_threads": cfg.intra_op_threads},
+        "run_seconds": run_seconds,
+        "total_seconds": round(time.perf_counter() - t0, 1),
+        "engines": infos,
+        "skipped": skipped,
         "runs": runs,
     }
+
+
+def _gpu_info() -> dict[str, Any]:
+    if "torch" not in sys.modules:
+        return {}
+    torch = sys.modules["torch"]
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            return {"gpu": p.name, "gpus": torch.cuda.device_count(), "gpu_memory_gib": round(p.total_memory / 2**30, 1)}
+    return {}
 
 
 def format_table(result: dict[str, Any]) -> str:
     """A plain-text table of :func:`run_bench`'s result, one line per run."""
     b = result["batcher"]
+    m = result.get("machine", {})
     lines = [
-        f"engine {result['engine']}, {result['workers']} worker(s), intra_op_threads {result['intra_op_threads']}, "
-        f"{result['cpu_count']} CPU(s); batched = max_batch_size {b['max_batch_size']}, "
-        f"max_queue_delay_ms {b['max_queue_delay_ms']}, max_batch_tokens {b['max_batch_tokens']}",
-        f"{'engine':<12} {'batched':<8} {'conc':>4} {'encodes/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'batch':>6} {'done':>5} {'errors':>6}",
+        f"{m.get('cpu_count')} CPU(s){', ' + m['gpu'] if m.get('gpu') else ''}, loop {m.get('event_loop', '?')}; "
+        f"batched = max_batch_size {b['max_batch_size']} (GPU {b['gpu_max_batch_size']}), "
+        f"max_queue_delay_ms {b['max_queue_delay_ms']}, max_batch_tokens {b['max_batch_tokens']}, "
+        f"{b['workers']} worker(s) per device; unbatched = max_batch_size 1",
     ]
+    for info in result.get("engines", []):
+        mem = f", GPU memory {info['gpu_memory_mib']} MiB" if info.get("gpu_memory_mib") else ""
+        lines.append(f"  {info['engine']}/{info['precision']}: {info['workers']} worker(s) on "
+                     f"{', '.join(info['devices'])}, loaded in {info['load_seconds']} s{mem}")
+    for name, why in result.get("skipped", {}).items():
+        lines.append(f"  {name}: skipped ({why})")
+    lines.append(f"{'engine':<12} {'prec':<5} {'mode':<11} {'conc':>4} {'encodes/s':>10} {'p50 ms':>8} "
+                 f"{'p99 ms':>8} {'batch':>6} {'done':>6} {'errors':>6}")
     for r in result["runs"]:
-        lines.append(f"{r['engine']:<12} {'yes' if r['batched'] else 'no':<8} {r['concurrency']:>4} "
-                     f"{r['throughput']:>10.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-                     f"{r['mean_batch_size']:>6.2f} {r['requests']:>5} {r['errors']:>6}")
+        if r.get("engine_only"):
+            lines.append(f"{r['engine']:<12} {r['precision']:<5} {'engine-only':<11} {'-':>4} {r['throughput']:>10.1f} "
+                         f"{r['p50_ms']:>8.2f} {'-':>8} {r['batch_size']:>6} {r['calls']:>6} {'-':>6}"
+                         f"  (ms per batch; batches up to {r['batch_size']} x {r['seq_len']} tokens)")
+            continue
+        lines.append(f"{r['engine']:<12} {r['precision']:<5} {'batched' if r['batched'] else 'unbatched':<11} "
+                     f"{r['concurrency']:>4} {r['throughput']:>10.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                     f"{r['mean_batch_size']:>6.2f} {r['requests']:>6} {r['errors']:>6}")
+    lines += [f"{k}: {v}" for k, v in summarize(result).items()]
+    lines.append(f"total {result.get('total_seconds')} s")
     return "\n".join(lines)
+
+
+def summarize(result: dict[str, Any]) -> dict[str, str]:
+    """Per engine: batched/unbatched ratio at each concurrency and the pool's share of the ceiling."""
+    out = {}
+    by = {}
+    for r in result["runs"]:
+        by.setdefault((r["engine"], r["precision"]), []).append(r)
+    for (eng, prec), rs in by.items():
+        ceil = next((r["throughput"] for r in rs if r.get("engine_only")), None)
+        parts = []
+        for c in sorted({r["concurrency"] for r in rs if not r.get("engine_only")}):
+            b = next((r for r in rs if r["concurrency"] == c and r["batched"] and not r.get("engine_only")), None)
+            u = next((r for r in rs if r["concurrency"] == c and not r["batched"]), None)
+            if b and u and u["throughput"]:
+                parts.append(f"c={c}: batched/unbatched {b['throughput'] / u['throughput']:.2f}x")
+            if b and ceil:
+                parts.append(f"c={c}: pool {100 * b['throughput'] / ceil:.0f}% of ceiling")
+        out[f"{eng}/{prec}"] = "; ".join(parts)
+    return out
+
+
+def write_plot(result: dict[str, Any], path: str | Path) -> Path:
+    """PNG: throughput (left) and p99 latency (right) against concurrency, per engine,
+    batched (solid) vs unbatched (dashed), the engine-only ceiling dotted.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install matplotlib``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_p) = plt.subplots(1, 2, figsize=(11, 4.2))
+    by: dict[tuple[str, str], list[dict]] = {}
+    for r in result["runs"]:
+        by.setdefault((r["engine"], r["precision"]), []).append(r)
+    for i, ((eng, prec), rs) in enumerate(by.items()):
+        color = f"C{i}"
+        for batched, style in ((True, "-"), (False, "--")):
+            pts = sorted((r["concurrency"], r["throughput"], r["p99_ms"]) for r in rs
+                         if not r.get("engine_only") and r["batched"] == batched)
+            if not pts:
+                continue
+            label = f"{eng}/{prec} {'batched' if batched else 'max batch 1'}"
+            ax_t.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color, label=label)
+            ax_p.plot([p[0] for p in pts], [p[2] for p in pts], style, marker="o", color=color, label=label)
+        ceil = next((r for r in rs if r.get("engine_only")), None)
+        if ceil:
+            ax_t.axhline(ceil["throughput"], linestyle=":", color=color,
+                         label=f"{eng}/{prec} engine only (batch {ceil['batch_size']})")
+    for ax in (ax_t, ax_p):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.set_ylabel("encodes / s")
+    ax_t.set_yscale("log")
+    ax_p.set_ylabel("p99 latency, ms")
+    ax_p.set_yscale("log")
+    ax_t.legend(fontsize=7)
+    m = result.get("machine", {})
+    fig.suptitle(f"healthbot bench, {m.get('gpu') or str(m.get('cpu_count')) + ' CPUs'}, {m.get('date_utc', '')}",
+                 fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- memory check
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (``VmRSS`` of /proc/self/status; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+async def memory_check(cfg: InferenceConfig, engines_dir: Path, encodes: int = 10_000, concurrency: int = 32,
+                       seed: int = 0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """RSS over ``encodes`` windows of random lengths 1..512 through the configured encoder.
+
+    Each window has a uniformly random length (2..512 ids, ``<s>``/``</s>``
+    included, i.e. 0..510 content tokens of random ids), submitted by
+    ``concurrency`` clients through the batcher, so the engine sees a new
+    (batch, length) shape on nearly every call. RSS is sampled every 500 encodes.
+
+    Returns:
+        ``{"encodes", "seconds", "rss_mib": [samples], "first_mib", "last_mib",
+        "max_mib", "growth_second_half_mib", "engine", "precision"}``.
+    """
+    emit = progress or (lambda line: None)
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, 513, encodes)
+    windows = [[0] + rng.integers(5, 250_000, int(n) - 2).tolist() + [2] for n in lengths]
+    encoder = await Encoder.create(cfg, engines_dir)
+    precision = await encoder.pool.call_on_worker(lambda e: getattr(e, "precision", "?"))
+    samples: list[float] = [rss_bytes() / 2**20]
+    done = 0
+    next_i = 0
+    t0 = time.perf_counter()
+
+    async def client() -> None:
+        nonlocal done, next_i
+        while next_i < encodes:
+            i = next_i
+            next_i += 1
+            await encoder.batcher.submit(windows[i], deadline_ms=600_000)
+            done += 1
+            if done % 500 == 0:
+                samples.append(rss_bytes() / 2**20)
+                emit(f"{done} encodes, RSS {samples[-1]:.0f} MiB, {done / (time.perf_counter() - t0):.1f}/s")
+
+    try:
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    finally:
+        await encoder.close()
+    half = samples[len(samples) // 2:]
+    return {"engine": encoder.engine_name, "precision": precision, "encodes": encodes,
+            "seconds": round(time.perf_counter() - t0, 1), "rss_mib": [round(s, 1) for s in samples],
+            "first_mib": round(samples[0], 1), "last_mib": round(samples[-1], 1), "max_mib": round(max(samples), 1),
+            "growth_second_half_mib": round(half[-1] - half[0], 1) if len(half) > 1 else 0.0,
+            "mean_tokens": float(lengths.mean())}
+
+
+# --------------------------------------------------------------------------- CLI
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The ``bench`` options (for ``healthbot bench`` and ``python -m inference.bench``)."""
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--plot", metavar="FILE.png", help="write a throughput / p99 plot (needs matplotlib)")
+    ap.add_argument("--engines", help="comma list: onnxruntime[:fp32|int8], torch_cuda, tensorrt "
+                                      "(default: the engine inference.engine_order selects here)")
+    ap.add_argument("--seconds", type=float, default=DEFAULT_RUN_SECONDS, help="seconds per run")
+    ap.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)),
+                    help="comma list of concurrent clients")
+    ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                    help="event loop (auto: uvloop when installed)")
+    ap.add_argument("--memory", type=int, metavar="N", default=0,
+                    help="instead: RSS over N encodes of random lengths 1..512 (the memory check)")
+
+
+def loop_factory(kind: str = "auto") -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """``uvloop.new_event_loop`` for ``uvloop`` (and ``auto`` when installed), else None (asyncio's).
+
+    Raises:
+        ImportError: ``uvloop`` asked for but not installed.
+    """
+    if kind == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if kind == "uvloop":
+            raise
+        return None
+    return uvloop.new_event_loop
+
+
+def run_async(coro: Any, factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> Any:
+    """``asyncio.run(coro)`` on a loop from ``factory`` (Python 3.11's ``asyncio.run``
+    has no ``loop_factory``; ``asyncio.Runner`` does)."""
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+def run_cli(args: argparse.Namespace, cfg: InferenceConfig, engines_dir: Path) -> int:
+    """Run the bench from parsed :func:`add_arguments` options; prints table or JSON. Exit code 0."""
+    progress = (lambda line: print(line, file=sys.stderr, flush=True))
+    factory = loop_factory(args.loop)
+    if args.memory:
+        result = run_async(memory_check(cfg, engines_dir, args.memory, progress=progress), factory)
+        print(json.dumps(result))
+        return 0
+    engines = [EngineSpec.parse(e) for e in args.engines.split(",")] if args.engines else None
+    concs = tuple(int(c) for c in str(args.concurrency).split(","))
+    result = run_async(run_bench(cfg, engines_dir, concs, args.seconds, engines=engines, progress=progress), factory)
+    print(json.dumps(result, ensure_ascii=False) if args.json else format_table(result))
+    if args.plot:
+        print(f"plot: {write_plot(result, args.plot)}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m inference.bench [options]`` with the effective config (TOML + ``HEALTHBOT_*``)."""
+    from bot.config import load_config
+
+    ap = argparse.ArgumentParser(description="encoder throughput and latency per engine")
+    ap.add_argument("--config", help="TOML config file (default: $HEALTHBOT_CONFIG)")
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    from bot.logs import configure_logging
+
+    configure_logging("WARNING", "console")
+    return run_cli(args, cfg.inference, cfg.engines_path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

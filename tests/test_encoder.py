@@ -113,7 +113,9 @@ async def test_create_without_prepared_model_says_what_to_do(tmp_path: Path):
 
 @pytest.fixture
 async def encoder():
-    enc = await Encoder.create(InferenceConfig(max_queue_delay_ms=5), ENGINES_DIR)
+    # FP32 on purpose: these tests pin the encoder's exact behaviour (windowing,
+    # batching invariance to 1e-4); the INT8 variant's tolerance is tested below.
+    enc = await Encoder.create(InferenceConfig(max_queue_delay_ms=5, onnx_precision="fp32"), ENGINES_DIR)
     yield enc
     await enc.close()
 
@@ -165,3 +167,38 @@ async def test_similar_questions_are_closer_than_unrelated_ones(encoder: Encoder
     assert a @ b > a @ c and a @ b > a @ d
     en = await encoder.encode(["I can't sleep at night", "tips for insomnia", "best running shoes"])
     assert en[0] @ en[1] > en[0] @ en[2]
+
+
+async def test_one_text_takes_the_batched_tokenizer_path_and_gives_the_same_vector():
+    pool = await InferencePool.start(MeanPoolEngine, workers=1, pad_id=CharTokenizer.pad_id)
+    tok = CharTokenizer(window=10)
+    fast = Encoder(tok, pool, DynamicBatcher(pool.run_batch, max_queue_delay_ms=2, tokenize=tok.encode_batch))
+    slow = Encoder(tok, pool, DynamicBatcher(pool.run_batch, max_queue_delay_ms=2))
+    texts = ["失眠怎么办", "手脚冰凉怎么办" * 5, "how much water"]  # the second has 5 windows
+    one_by_one = await asyncio.gather(*(fast.encode([t]) for t in texts))
+    assert fast.batcher.stats.texts_tokenized == 3
+    together = await slow.encode(texts)
+    for i, got in enumerate(one_by_one):
+        assert got.shape == (1, 8) and got.dtype == np.float32
+        np.testing.assert_allclose(got[0], together[i], atol=1e-6)
+    await fast.batcher.close()
+    await slow.close()
+
+
+INT8_READY = (ENGINES_DIR / "model.int8.onnx.json").is_file()
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not INT8_READY, reason="no INT8 variant: 'healthbot build-engine --engine onnxruntime --precision int8'")
+async def test_int8_variant_stays_within_its_accuracy_bound_alone_and_in_a_batch():
+    fp32 = await Encoder.create(InferenceConfig(max_queue_delay_ms=5, onnx_precision="fp32"), ENGINES_DIR)
+    int8 = await Encoder.create(InferenceConfig(max_queue_delay_ms=5, onnx_precision="int8"), ENGINES_DIR)
+    texts = ["手脚冰凉怎么办", "失眠", "is it bad to drink coffee after 4pm", "老人便秘吃什么水果好，香蕉有用吗"]
+    ref = await fp32.encode(texts)
+    alone = np.concatenate([await int8.encode([t]) for t in texts])
+    batched = await int8.encode(texts)  # one padded batch: dynamic INT8 scales depend on the batch
+    for i in range(len(texts)):
+        assert cos(ref[i], alone[i]) > 0.99 and cos(ref[i], batched[i]) > 0.99
+        assert cos(alone[i], batched[i]) > 0.995
+    await fp32.close()
+    await int8.close()

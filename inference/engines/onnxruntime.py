@@ -50,6 +50,13 @@ class OnnxRuntimeEngine:
         device: ``"cpu"`` or ``"cuda"`` (needs onnxruntime-gpu; CUDA EP first,
             CPU EP for unsupported nodes).
         max_batch_size: largest B accepted by :meth:`infer`.
+        allow_spinning: let idle intra-op threads busy-wait for the next parallel
+            section (ONNX Runtime's default). Off by default here: the event loop
+            (tokenization, batching) shares the cores with the session, and on a
+            2-core machine spinning threads took CPU from it (docs/benchmarks.md).
+        precision: what the file holds, ``"fp32"`` or ``"int8"`` (the fused,
+            per-channel INT8 ``model.int8.onnx`` of :mod:`inference.onnx_variants`);
+            reported as :attr:`precision`, not checked.
 
     Raises:
         EngineError: file missing, onnxruntime or the CUDA EP unavailable, or the
@@ -59,7 +66,8 @@ class OnnxRuntimeEngine:
     name = "onnxruntime"
 
     def __init__(self, model_path: str | Path, intra_op_threads: int = 0, device: str = "cpu",
-                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> None:
+                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, precision: str = "fp32",
+                 allow_spinning: bool = False) -> None:
         model_path = Path(model_path)
         if not model_path.is_file():
             raise EngineError(f"{model_path} missing: run 'healthbot prepare-model'")
@@ -84,6 +92,7 @@ class OnnxRuntimeEngine:
         opts.enable_mem_pattern = False
         opts.intra_op_num_threads = max(0, int(intra_op_threads))
         opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
         try:
             self._session = ort.InferenceSession(str(model_path), sess_options=opts, providers=providers)
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
@@ -103,8 +112,10 @@ class OnnxRuntimeEngine:
         self.max_batch_size = max_batch_size
         self.max_seq_len = MAX_SEQ_LEN
         self.device = device
+        self.precision = precision
+        self.model_path = model_path
         self.providers = self._session.get_providers()
-        log.info("onnxruntime_loaded", model=model_path.name, provider=self.providers[0],
+        log.info("onnxruntime_loaded", model=model_path.name, precision=precision, provider=self.providers[0],
                  intra_op_threads=intra_op_threads)
 
     def infer(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:

@@ -1,0 +1,63 @@
+"""healthbot bench: the runs it makes, the JSON form, the table and the plot (fake engine, real tokenizer)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bot.config import Config, InferenceConfig
+from inference import bench
+
+ENGINES_DIR = Config().engines_path
+needs_model = pytest.mark.skipif(not (ENGINES_DIR / "manifest.json").is_file(),
+                                 reason="engines/ not prepared: run 'healthbot prepare-model'")
+
+
+class InstantEngine:
+    name, dim, max_batch_size, max_seq_len = "onnxruntime", 4, 256, 512
+    precision = "int8"
+
+    def infer(self, ids, mask):
+        return np.ones((len(ids), self.dim), np.float32)
+
+    def close(self):
+        pass
+
+
+def test_ceiling_batches_are_the_batches_the_batcher_would_form():
+    windows = [[0] + [5] * (n - 2) + [2] for n in (10, 12, 20, 14, 30, 9, 16)]
+    batches = bench.ceiling_batches(windows, max_batch_size=2, max_batch_tokens=8192)
+    assert [[len(w) for w in b] for b in batches] == [[10, 12], [14, 9], [16], [20, 30]]
+    # padded budget 40: 12 x 3 = 36 fits, 14 x 3 = 42 does not; 30 x 2 = 60 does not
+    assert [len(b) for b in bench.ceiling_batches(windows, 32, max_batch_tokens=40)] == [2, 2, 1, 1, 1]
+
+
+def test_engine_spec_parsing():
+    assert bench.EngineSpec.parse("onnxruntime:int8") == bench.EngineSpec("onnxruntime", "int8")
+    assert bench.EngineSpec.parse("torch_cuda") == bench.EngineSpec("torch_cuda", "")
+    with pytest.raises(ValueError, match="only onnxruntime takes a precision"):
+        bench.EngineSpec.parse("torch_cuda:int8")
+
+
+@pytest.mark.model
+@needs_model
+async def test_bench_runs_every_concurrency_batched_and_not_and_the_ceiling(monkeypatch, tmp_path):
+    from inference import manager
+
+    monkeypatch.setitem(manager._LOADERS, "onnxruntime", lambda cfg, d, device=None: InstantEngine())
+    result = await bench.run_bench(InferenceConfig(max_queue_delay_ms=0), ENGINES_DIR, concurrencies=(1, 8),
+                                   run_seconds=0.2, ceiling_seconds=0.1, engines=["onnxruntime:int8"])
+    runs = result["runs"]
+    assert [(r["batched"], r["concurrency"], r["engine_only"]) for r in runs] == [
+        (True, 1, False), (True, 8, False), (False, 1, False), (False, 8, False), (True, None, True)]
+    assert all(r["engine"] == "onnxruntime" and r["precision"] == "int8" for r in runs)
+    assert all(r["throughput"] > 0 and r["errors"] == 0 for r in runs[:4])
+    assert runs[3]["mean_batch_size"] == 1.0 and runs[1]["max_batch_size"] == 32
+    assert runs[4]["batch_size"] == 32 and runs[4]["p99_ms"] is None
+    json.dumps(result)  # the --json form is plain JSON
+    table = bench.format_table(result)
+    assert "engine-only" in table and "batched/unbatched" in table
+    png = bench.write_plot(result, tmp_path / "bench.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
