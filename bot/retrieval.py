@@ -225,11 +225,9 @@ class Retriever:
             conf = confidence(float(hybrid[i]), margin if rank == 0 else 0.0)
             out.append(Match(self.topic_ids[i], float(hybrid[i]), float(dense[i]), float(lexical[i]), conf))
         nearest = {kind: float((v @ qs[0]).max()) for kind, v in self.example_vectors.items()}
-        off_topic = None
-        for kind in ("out_of_scope", "no_answer"):
-            if kind in nearest and nearest[kind] > best_single[order[0]] + OFF_TOPIC_MARGIN[kind]:
-                off_topic = kind
-                break
+        beaten = [k for k in ("out_of_scope", "no_answer")
+                  if k in nearest and nearest[k] > best_single[order[0]] + OFF_TOPIC_MARGIN[k]]
+        off_topic = max(beaten, key=nearest.__getitem__) if beaten else None  # the nearer kind wins
         return SearchResult(out, off_topic, nearest)
 
 

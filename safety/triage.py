@@ -308,6 +308,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("anaphylaxis", "swelling_after_trigger_zh", (
         "(?:喉咙|嗓子|舌头|嘴唇|眼皮|脸|面部|全身|浑身)" + G4 + "(?:肿|水肿|胀|风团|疹子|起包|荨麻疹)",
         "过敏|蛰|蜇|叮|咬|打针|输液|吃药后|吃了药|花生|海鲜|芒果|坚果|虾|蟹|菠萝|青霉素|头孢|突然")),
+    RedFlag("anaphylaxis", "hives_and_breathing_zh", (
+        "(?:全身|浑身|身上|脸上|皮肤|满身)" + G4 + "(?:起疙瘩|起包|风团|疹子|红疹|荨麻疹|起红点|红点|痒|肿)",
+        "喘|呼吸困难|透不过气|喘不上气|憋气|憋得慌|胸闷|嗓子(?:发)?紧|喉咙(?:发)?紧|喉咙肿|舌头肿|嘴唇肿|头晕|发晕")),
     RedFlag("anaphylaxis", "throat_en", (
         r"\bthroat\b" + _eg(40) + r"\b(?:closing|tight\w*|clos\w* up|swell\w* shut)|\btongue\b" + E10 + r"\b(?:swell\w*|swollen)|"
         r"\bswollen tongue|\banaphyla\w*|\bepi-?pen|\badrenaline (?:pen|auto)",)),
@@ -362,7 +365,13 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"(?:my|his|her|the|our|their|\w+'s)\s+(?:\w+\s+)?(?:pills|tablets|medicine|medication|meds|capsules)|"
         r"\b(?:took|taken|swallowed|ate|downed)\s+(?:\d{2,}|a handful of|handfuls of|twenty|thirty|forty|fifty)\s+"
         r"(?:\w+\s+)?(?:pills|tablets|capsules|paracetamol|acetaminophen|tylenol|ibuprofen|aspirin|painkillers|"
-        r"sleeping pills)",)),
+        r"sleeping pills)|\b(?:took|taken|swallowed|ate|downed|had)\s+(?:a bunch of|a lot of|lots of|loads of|a load of|"
+        r"heaps of|a pile of|all (?:of )?(?:the|his|her|my|their))\s+(?:\w+\s+)?(?:pills|tablets|capsules|meds|"
+        r"medication|painkillers|sleeping pills)",)),
+    RedFlag("poisoning", "pills_and_unresponsive_en", (
+        r"\b(?:pills|tablets|capsules|meds|medication|painkillers|sleeping pills|overdos\w*|drank|drinking|alcohol)\b",
+        r"\b(?:won'?t|will not|doesn'?t|can'?t|cannot|couldn'?t) (?:wake|waking|be woken)|\bnot waking|\bunresponsive|"
+        r"\bpassed out|\bunconscious|\bwon'?t respond|\bnot responding")),
     RedFlag("poisoning", "chemical_en", (
         r"\b(?:swallowed|drank|ate|drinking|ingested|has eaten|has drunk)\b" + E15 +
         r"\b(?:bleach|poison\w*|pesticide|weed ?killer|antifreeze|detergent|laundry pod|dishwasher (?:tablet|pod)|"
@@ -386,7 +395,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bfoaming at the mouth|\beyes rolled? back",)),
     RedFlag("unconscious", "unresponsive_en", (
         r"\bunconscious|\bunresponsive|\bnot responding\b|\bstill (?:not|isn'?t) (?:awake|conscious|responding)|"
-        r"\b(?:he|she|they|baby|dad|mum|mom|grandma|grandpa|granny|father|mother|husband|wife|son|daughter)\b" + E15 +
+        r"\b(?:he|she|they|baby|dad|mum|mom|grandma|grandpa|granny|father|mother|husband|wife|son|daughter|friend|"
+        r"brother|sister|partner|boyfriend|girlfriend|child|kid|someone|somebody|roommate|neighbou?r)\b" + E15 +
         r"\b(?:won'?t|will not|isn'?t|is not|doesn'?t|can'?t) (?:wake|waking)|\b(?:won'?t|can'?t|cannot|couldn'?t) wake "
         r"(?:him|her|them|my \w+|the baby)\b|\bpassed out|\bblack(?:ed)? out\b(?!\s*curtain)|\bfaint(?:ed|ing)\b|"
         r"\bcollaps(?:ed|ing)\b|\bno (?:pulse|heartbeat)\b|"
