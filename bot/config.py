@@ -138,6 +138,12 @@ class InferenceConfig:
     ``gc_freeze``: after the model is loaded, move every object then alive out of
     the cyclic garbage collector's reach (``gc.freeze()``), so full collections
     do not scan the model's millions of objects (tail-latency spikes otherwise).
+
+    ``switch_interval_ms``: the interpreter's GIL switch interval
+    (``sys.setswitchinterval``) set when the encoder starts; 0 keeps Python's 5 ms.
+    A pool worker or the tokenizer thread coming back from GPU or Rust work may
+    wait up to this long for the GIL while the event loop is busy; on the H200
+    0.1, 0.5 and 5 ms measured the same (docs/benchmarks.md), hence the default.
     """
 
     engines_dir: str = "engines"
@@ -157,6 +163,7 @@ class InferenceConfig:
     circuit_reset_s: float = 5.0
     circuit_max_reset_s: float = 60.0
     gc_freeze: bool = True
+    switch_interval_ms: float = 0.0
 
     def validate(self) -> None:
         """Check the inference keys; raises :class:`ConfigError` naming the key.
@@ -167,6 +174,8 @@ class InferenceConfig:
             raise ConfigError(f"config key 'inference.onnx_precision': {self.onnx_precision!r} is not auto|fp32|int8")
         if self.gpu_max_batch_size < 1 or self.circuit_failures < 1:
             raise ConfigError("config keys 'inference.gpu_max_batch_size' and 'inference.circuit_failures' must be >= 1")
+        if self.switch_interval_ms < 0:
+            raise ConfigError("config key 'inference.switch_interval_ms' must be >= 0 (0 = Python's default)")
         if not 0 < self.circuit_reset_s <= self.circuit_max_reset_s:
             raise ConfigError("config keys 'inference.circuit_reset_s' must be > 0 and <= 'inference.circuit_max_reset_s'")
         devices = [str(d).strip() for d in self.devices]

@@ -141,8 +141,12 @@ _W_DROPPED = 2
 
 
 class _Request:
+    """One caller's request. A request of ONE window is also its own queue entry
+    (``request`` is itself, ``index`` 0): one object per query, not two."""
+
     __slots__ = ("future", "enqueued", "deadline", "kind", "stage", "entries", "rows", "remaining", "windows",
-                 "text", "prefix")
+                 "text", "prefix", "window", "tokens", "bucket", "state")
+    index = 0
 
     def __init__(self, future: asyncio.Future, enqueued: float, deadline: float, kind: int) -> None:
         self.future = future
@@ -150,12 +154,12 @@ class _Request:
         self.deadline = deadline  # loop.time(), seconds
         self.kind = kind
         self.stage = _QUEUED
-        self.entries: tuple[_Entry, ...] = ()
+        self.entries: tuple[_Entry, ...] = ()  # the windows of a multi-window request
         self.rows: list | None = None  # per-window rows of a multi-window request
-        self.remaining = 0
-        self.windows: Sequence[Sequence[int]] | None = None
-        self.text: str | None = None
-        self.prefix = ""
+
+    @property
+    def request(self) -> _Request:
+        return self
 
 
 class _Entry:
@@ -267,7 +271,7 @@ class DynamicBatcher:
         tokenize: ``tokenize(texts, prefix) -> windows per text`` for
             :meth:`submit_text` (the encoder passes ``E5Tokenizer.encode_batch``).
         inline_tokenize_max: waiting texts tokenized on the event loop itself
-            (more go to the tokenizer thread).
+            (more go to the tokenizer thread); default :data:`INLINE_TOKENIZE_MAX`.
 
     Start-up is lazy (the loop tasks start on the first submit); :meth:`close`
     drains. ``stats`` (:class:`BatcherStats`) and :attr:`pending` are for tests and
@@ -278,7 +282,7 @@ class DynamicBatcher:
     def __init__(self, run_batch: RunBatch, *, max_batch_size: int = 32, max_batch_tokens: int = 8192,
                  max_queue_delay_ms: float = 10.0, max_queue_size: int = 1024, deadline_ms: float = 2000.0,
                  concurrency: int = 1, buckets: Sequence[int] = DEFAULT_BUCKETS, tokenize: Tokenize | None = None,
-                 inline_tokenize_max: int = INLINE_TOKENIZE_MAX) -> None:
+                 inline_tokenize_max: int | None = None) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1 or max_queue_size < 1 or concurrency < 1:
             raise ValueError("max_batch_size, max_batch_tokens, max_queue_size and concurrency must be >= 1")
         if max_queue_delay_ms < 0 or deadline_ms <= 0:
@@ -293,7 +297,7 @@ class DynamicBatcher:
         self.buckets = tuple(sorted(buckets))
         self.stats = BatcherStats()
         self._tokenize = tokenize
-        self._inline_tokenize_max = inline_tokenize_max
+        self._inline_tokenize_max = INLINE_TOKENIZE_MAX if inline_tokenize_max is None else inline_tokenize_max
         self._queues: dict[int, collections.deque[_Entry]] = {b: collections.deque() for b in self.buckets}
         self._bucket_of = self._bucket_table()
         self._incoming: collections.deque[_Request] = collections.deque()
@@ -455,10 +459,12 @@ class DynamicBatcher:
         table = self._bucket_of
         if len(windows) == 1:
             w = windows[0]
-            e = _Entry(req, 0, w, table[len(w)])
-            req.entries = (e,)
+            req.window = w
+            req.tokens = len(w)
+            req.bucket = table[req.tokens]
+            req.state = _W_QUEUED
             req.remaining = 1
-            self._push(e)
+            self._push(req)
             return
         req.rows = [None] * len(windows)
         req.remaining = len(windows)
@@ -467,7 +473,7 @@ class DynamicBatcher:
         for e in req.entries:
             self._push(e)
 
-    def _push(self, e: _Entry) -> None:
+    def _push(self, e: _Entry | _Request) -> None:
         q = self._queues[e.bucket]
         q.append(e)
         n = len(q)
@@ -498,7 +504,7 @@ class DynamicBatcher:
             return 1
         if stage == _QUEUED:
             n = 0
-            for e in req.entries:
+            for e in (req.entries if req.rows is not None else (req,)):
                 if e.state == _W_QUEUED:
                     e.state = _W_DROPPED
                     n += 1
@@ -631,10 +637,11 @@ class DynamicBatcher:
             self.stats.tokenize_calls += 1
             self.stats.texts_tokenized += len(chunk)
             added = queued = 0
+            largest = self.buckets[-1]
             for req, wins in zip(chunk, windows):
                 if req.stage != _TOKENIZING:  # gone while tokenized; already uncounted
                     continue
-                if not wins or any(len(w) > self.buckets[-1] for w in wins):
+                if not wins or (len(wins[0]) > largest if len(wins) == 1 else any(len(w) > largest for w in wins)):
                     fut = req.future
                     self._abandon(req, "failed")
                     fut.set_exception(ValueError(f"tokenizer gave windows of {[len(w) for w in wins]} tokens; "
@@ -819,6 +826,7 @@ def _release(req: _Request) -> None:
     req.rows = None
     req.windows = None
     req.text = None
+    req.window = None
 
 
 def _log_crash(task: asyncio.Task) -> None:

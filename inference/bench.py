@@ -45,7 +45,7 @@ import numpy as np
 
 from bot.config import InferenceConfig
 from inference.batcher import BusyError, DeadlineExceeded
-from inference.encoder import Encoder, batcher_for
+from inference.encoder import Encoder, apply_process_settings, batcher_for
 from inference.engines.base import EngineError
 
 #: A realistic mix of what users send: short Chinese and English everyday health
@@ -222,7 +222,8 @@ def _engine_only(batches: list[list[Sequence[int]]], pad_id: int, seconds: float
 
 async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path, tokenizer: Any, *,
                        concurrencies: Sequence[int], run_seconds: float, texts: Sequence[str],
-                       ceiling_seconds: float, progress: Callable[[str], None]) -> tuple[dict, list[dict]]:
+                       ceiling_seconds: float, progress: Callable[[str], None],
+                       modes: Sequence[bool] = (True, False)) -> tuple[dict, list[dict]]:
     """Bench one engine (module doc); returns ``(engine info, runs)``.
 
     Raises:
@@ -238,19 +239,17 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
     pool = await InferencePool.start(
         lambda d=None: _call_loader(loader, ecfg, engines_dir, d), ecfg.workers, tokenizer.pad_id, devices=devices)
     load_s = time.perf_counter() - t0
-    precision = await pool.call_on_worker(lambda e: getattr(e, "precision", None) or
-                                          ("fp16" if spec.name in GPU_ENGINES else "fp32"))
+    apply_process_settings(cfg)  # as Encoder.create does (gc.freeze, GIL switch interval)
+    precision = await pool.call_on_worker(engine_precision)
     info: dict[str, Any] = {"engine": spec.name, "precision": precision, "workers": pool.workers,
                             "devices": ["cpu" if d is None else f"cuda:{d}" for d in pool.devices],
                             "load_seconds": round(load_s, 2)}
     runs: list[dict] = []
     try:
-        batched_bs = 0
-        for batched in (True, False):
+        batched_bs = min(ecfg.gpu_max_batch_size if pool.on_gpu else ecfg.max_batch_size, pool.max_batch_size)
+        for batched in modes:
             bcfg = ecfg if batched else dataclasses.replace(ecfg, max_batch_size=1, gpu_max_batch_size=1)
             enc = Encoder(tokenizer, pool, batcher_for(bcfg, pool, tokenizer))
-            if batched:
-                batched_bs = enc.batcher.max_batch_size
             try:
                 for text in texts[:WARMUP_REQUESTS]:
                     await enc.encode([text])
@@ -283,6 +282,20 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
     return info, runs
 
 
+def engine_precision(engine: Any) -> str:
+    """``"int8"``, ``"fp16"``, ``"fp32"``, ...: the engine's ``precision`` attribute, or
+    its torch ``dtype`` (torch_cuda), or the TensorRT build spec's precision."""
+    p = getattr(engine, "precision", None)
+    if p:
+        return str(p)
+    dtype = str(getattr(engine, "dtype", "")).replace("torch.", "")
+    names = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+    if dtype in names:
+        return names[dtype]
+    spec = getattr(engine, "spec", None)
+    return str(getattr(spec, "precision", "") or "?")
+
+
 def default_engines(cfg: InferenceConfig) -> list[EngineSpec]:
     """The engine ``inference.engine_order`` would select here (GPU engines only where a GPU is visible)."""
     from inference.manager import _gpu_visible
@@ -303,7 +316,8 @@ def default_engines(cfg: InferenceConfig) -> list[EngineSpec]:
 async def run_bench(cfg: InferenceConfig, engines_dir: Path, concurrencies: Sequence[int] = DEFAULT_CONCURRENCIES,
                     run_seconds: float = DEFAULT_RUN_SECONDS, texts: Sequence[str] = QUESTIONS,
                     engines: Sequence[EngineSpec | str] | None = None, ceiling_seconds: float = CEILING_SECONDS,
-                    progress: Callable[[str], None] | None = None, **_ignored: Any) -> dict[str, Any]:
+                    progress: Callable[[str], None] | None = None, modes: Sequence[bool] = (True, False),
+                    **_ignored: Any) -> dict[str, Any]:
     """Bench each engine (module doc).
 
     Args:
@@ -317,6 +331,7 @@ async def run_bench(cfg: InferenceConfig, engines_dir: Path, concurrencies: Sequ
             reported under ``"skipped"``.
         ceiling_seconds: seconds of each engine-only run.
         progress: called with one line per finished run.
+        modes: ``(True, False)``: batched and unbatched (max batch 1) runs.
 
     Returns:
         ``{"machine": {...}, "batcher": {...}, "engines": [{engine, precision, workers,
@@ -342,7 +357,7 @@ async def run_bench(cfg: InferenceConfig, engines_dir: Path, concurrencies: Sequ
         try:
             info, r = await bench_engine(spec, cfg, engines_dir, tokenizer, concurrencies=concurrencies,
                                          run_seconds=run_seconds, texts=texts, ceiling_seconds=ceiling_seconds,
-                                         progress=emit)
+                                         progress=emit, modes=modes)
         except EngineError as exc:
             skipped[spec.name + (f":{spec.precision}" if spec.precision else "")] = str(exc)
             emit(f"{spec.name}: skipped ({exc})")
@@ -356,7 +371,8 @@ async def run_bench(cfg: InferenceConfig, engines_dir: Path, concurrencies: Sequ
                     "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), **_gpu_info()},
         "batcher": {"max_batch_size": cfg.max_batch_size, "gpu_max_batch_size": cfg.gpu_max_batch_size,
                     "max_batch_tokens": cfg.max_batch_tokens, "max_queue_delay_ms": cfg.max_queue_delay_ms,
-                    "workers": cfg.workers, "intra_op_threads": cfg.intra_op_threads},
+                    "workers": cfg.workers, "intra_op_threads": cfg.intra_op_threads,
+                    "switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 3)},
         "run_seconds": run_seconds,
         "total_seconds": round(time.perf_counter() - t0, 1),
         "engines": infos,
@@ -384,7 +400,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"{m.get('cpu_count')} CPU(s){', ' + m['gpu'] if m.get('gpu') else ''}, loop {m.get('event_loop', '?')}; "
         f"batched = max_batch_size {b['max_batch_size']} (GPU {b['gpu_max_batch_size']}), "
         f"max_queue_delay_ms {b['max_queue_delay_ms']}, max_batch_tokens {b['max_batch_tokens']}, "
-        f"{b['workers']} worker(s) per device; unbatched = max_batch_size 1",
+        f"{b['workers']} worker(s) per device, GIL switch interval {b.get('switch_interval_ms')} ms; "
+        f"unbatched = max_batch_size 1",
     ]
     for info in result.get("engines", []):
         mem = f", GPU memory {info['gpu_memory_mib']} MiB" if info.get("gpu_memory_mib") else ""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -88,9 +89,7 @@ class Encoder:
         tokenizer = await asyncio.to_thread(E5Tokenizer.load, engines_dir)
         manager = await ModelManager.start(cfg, engines_dir, tokenizer.pad_id)
         batcher = batcher_for(cfg, manager, tokenizer)
-        if cfg.gc_freeze:
-            gc.collect()
-            gc.freeze()
+        apply_process_settings(cfg)
         log.info("encoder_ready", engine=manager.engine_name, workers=manager.workers, dim=manager.dim,
                  devices=[d for d in manager.primary.devices], fallback=getattr(manager.fallback, "engine_name", None),
                  max_batch_size=batcher.max_batch_size, max_queue_delay_ms=batcher.max_queue_delay_ms)
@@ -127,6 +126,17 @@ class Encoder:
         """Drain the batcher (pending requests finish), then stop the pools."""
         await self.batcher.close()
         await self.pool.close()
+
+
+def apply_process_settings(cfg: InferenceConfig) -> None:
+    """Process-wide settings for serving, applied once the model is loaded:
+    ``gc.freeze()`` (``cfg.gc_freeze``) and the GIL switch interval
+    (``cfg.switch_interval_ms``; see :class:`bot.config.InferenceConfig`)."""
+    if cfg.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    if cfg.switch_interval_ms > 0:
+        sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
 
 
 def batcher_for(cfg: InferenceConfig, pool: ModelManager | InferencePool,

@@ -66,27 +66,10 @@ CONCURRENCIES = (1, 32, 256)
 
 # =========================================================================== texts
 def parity_texts() -> list[tuple[str, str]]:
-    """(prefix, text): the bench questions, knowledge-base questions and answers,
-    and two long passages (~300 and ~600 tokens, the second needing 2 windows)."""
-    import yaml
+    """The accuracy check's fixed parity set (:func:`inference.accuracy.parity_texts`)."""
+    from inference.accuracy import parity_texts as texts
 
-    from inference.bench import QUESTIONS
-
-    out = [("query: ", q) for q in QUESTIONS]
-    answers: list[str] = []
-    for f in sorted((REPO / "bot" / "kb").glob("*.yaml"))[:4]:
-        data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
-        for topic in (data.get("topics") or [])[:4]:
-            for lang in ("zh", "en"):
-                qs = ((topic.get("questions") or {}).get(lang) or [])[:2]
-                out += [("query: ", q) for q in qs]
-                a = (topic.get("answer") or {}).get(lang)
-                if a:
-                    answers.append(a)
-    out += [("passage: ", a) for a in answers[:24]]
-    out.append(("passage: ", " ".join(answers[:6])))
-    out.append(("passage: ", " ".join(answers[:14])))
-    return out
+    return texts()
 
 
 # =========================================================================== pack (CPU)
@@ -538,6 +521,234 @@ def tensorrt_cuda_python_path(seconds: float) -> dict[str, Any]:
     return out
 
 
+
+# =========================================================================== issue 6 / 9 steps (new front end)
+def accuracy_fp16(make_engine, carry: Path) -> dict[str, Any]:
+    """The accuracy check's parity half (inference.accuracy.parity_check, FP16 threshold 0.999)
+    for the torch_cuda engine, against the carried FP32 ONNX Runtime vectors."""
+    from inference.accuracy import parity_check
+
+    z = np.load(carry / "reference.npz")
+    windows = [list(map(int, z["ids"][i, :z["lens"][i]])) for i in range(len(z["lens"]))]
+    eng = make_engine(cuda_graphs=True)
+    try:
+        return parity_check(eng, windows, z["pooled"], "fp16", pad_id=1)
+    finally:
+        eng.close()
+
+
+def patch_torch_cuda_loader(bert, meta, gpu: bool = True) -> None:
+    """``healthbot bench``'s torch_cuda loader builds from the carried weights (no model.onnx here).
+    Without a GPU (``--device cpu`` smoke test) it is placed on the CPU."""
+    from inference import manager
+    from inference.engines.torch_cuda import TorchCudaEngine
+
+    def load(cfg, engines_dir, device=None):
+        dev = (device or 0) if gpu else "cpu"
+        return TorchCudaEngine(bert, key=("carried", str(dev)), device=dev, pad_id=meta["pad_id"])
+
+    manager._LOADERS["torch_cuda"] = load
+    if not gpu:
+        manager.GPU_ENGINES = frozenset({"tensorrt"})
+
+
+BENCH_PLAN = [
+    # (label, loop, workers, max_queue_delay_ms, GIL switch interval ms (0: Python's 5 ms),
+    #  tokenize inline up to (None: the default), concurrencies, modes (batched, unbatched))
+    ("w2-d0-s0.5", "uvloop", 2, 0.0, 0.5, None, (1, 32, 256), (True, False)),
+    ("w1-d0-s0.5", "uvloop", 1, 0.0, 0.5, None, (256,), (True,)),
+    ("w2-d0-s0.1", "uvloop", 2, 0.0, 0.1, None, (256,), (True,)),
+    ("w2-d0-s0.5-inline", "uvloop", 2, 0.0, 0.5, 10**9, (256,), (True,)),
+    ("w2-d0-s0.5-asyncio", "asyncio", 2, 0.0, 0.5, None, (1, 256), (True,)),
+    ("w2-d10-s0.5", "uvloop", 2, 10.0, 0.5, None, (1, 32, 256), (True, False)),
+]
+PLOT_LABELS = ("w2-d0-s0.5", "w2-d10-s0.5")
+
+
+def healthbot_bench(engines_dir: Path, out: Path, seconds: float, rec: Recorder, plan=None) -> dict[str, Any]:
+    """``inference.bench.run_bench`` for torch_cuda (tokenization included) per BENCH_PLAN row;
+    writes bench-<label>.png under ``out`` for PLOT_LABELS."""
+    import inference.batcher as batcher_mod
+    from bot.config import InferenceConfig
+    from inference import bench
+
+    results = {}
+    default_inline = batcher_mod.INLINE_TOKENIZE_MAX
+    for label, loop, workers, delay, switch_ms, inline, concs, modes in plan or BENCH_PLAN:
+        cfg = InferenceConfig(workers=workers, max_queue_delay_ms=delay, max_queue_size=8192,
+                              switch_interval_ms=switch_ms)
+        factory = bench.loop_factory(loop)
+        if loop == "uvloop" and factory is None:
+            rec.log(f"    {label}: uvloop missing, skipped")
+            continue
+        batcher_mod.INLINE_TOKENIZE_MAX = default_inline if inline is None else inline
+        sys.setswitchinterval(0.005)
+        try:
+            res = bench.run_async(bench.run_bench(cfg, engines_dir, concs, seconds, engines=["torch_cuda"], modes=modes,
+                                                  progress=lambda line: rec.log(f"    {label}: {line}")), factory)
+        finally:
+            batcher_mod.INLINE_TOKENIZE_MAX = default_inline
+            sys.setswitchinterval(0.005)
+        res["inline_tokenize_max"] = inline
+        results[label] = res  # (the JSON is in results.json: at most 8 files come back from the GPU machine)
+        if label in PLOT_LABELS:
+            with contextlib.suppress(Exception):
+                bench.write_plot(res, out / f"bench-{label}.png")
+        rec.log(bench.format_table(res))
+    return results
+
+
+FRONTEND_PLAN = [  # (loop, GIL switch interval ms, tokenize inline up to)
+    ("uvloop", 5.0, None), ("uvloop", 0.5, None), ("uvloop", 0.1, None), ("uvloop", 0.5, 10**9), ("asyncio", 0.5, None)]
+
+
+def frontend_null(engines_dir: Path, seconds: float, plan=None) -> dict[str, Any]:
+    """The new front end alone: Encoder.encode over a NullEngine pool at c=256 (delay 0),
+    per FRONTEND_PLAN row (event loop, GIL switch interval, inline tokenization)."""
+    import inference.batcher as batcher_mod
+    from bot.config import InferenceConfig
+    from inference import bench
+    from inference.encoder import Encoder, batcher_for
+    from inference.pool import InferencePool
+    from inference.tokenizer import E5Tokenizer
+
+    async def go(concs):
+        import gc
+
+        tok = E5Tokenizer.load(engines_dir)
+        pool = await InferencePool.start(lambda: NullEngine(), 1, tok.pad_id)
+        gc.collect()
+        gc.freeze()
+        cfg = InferenceConfig(max_batch_size=256, max_queue_delay_ms=0, max_queue_size=8192)
+        enc = Encoder(tok, pool, batcher_for(cfg, pool, tok))
+        out = {}
+        try:
+            for c in concs:
+                out[f"c{c}"] = await bench.drive(lambda t: enc.encode([t]), bench.QUESTIONS, c, seconds, enc.batcher)
+        finally:
+            await enc.batcher.close()
+            await pool.close()
+        return out
+
+    res = {}
+    default_inline = batcher_mod.INLINE_TOKENIZE_MAX
+    for loop, switch_ms, inline in plan or FRONTEND_PLAN:
+        factory = None if loop == "asyncio" else bench.loop_factory("uvloop")
+        if loop == "uvloop" and factory is None:
+            continue
+        batcher_mod.INLINE_TOKENIZE_MAX = default_inline if inline is None else inline
+        sys.setswitchinterval(switch_ms / 1000.0)
+        try:
+            res[f"{loop}-s{switch_ms}-{'inline' if inline else 'thread'}"] = bench.run_async(go((256,)), factory)
+        finally:
+            batcher_mod.INLINE_TOKENIZE_MAX = default_inline
+            sys.setswitchinterval(0.005)
+    return res
+
+
+class _Breakable:
+    """Wraps an engine; ``infer`` raises EngineError while ``broken`` is set (the fault injection)."""
+
+    def __init__(self, engine, broken, name=None):
+        self._e = engine
+        self.broken = broken
+        self.name = name or engine.name
+        self.dim, self.max_batch_size, self.max_seq_len = engine.dim, engine.max_batch_size, engine.max_seq_len
+        self.calls = 0
+
+    def infer(self, ids, mask):
+        from inference.engines.base import EngineError
+
+        self.calls += 1
+        if self.broken.is_set():
+            raise EngineError("injected: CUDA error: an illegal memory access was encountered")
+        return self._e.infer(ids, mask)
+
+    def close(self):
+        self._e.close()
+
+
+def fault_and_swap(bert, meta, engines_dir: Path, dev: Any = 0) -> dict[str, Any]:
+    """On the real GPU: (1) the torch_cuda engine fails mid-run under 64 clients, the
+    circuit opens to a CPU engine (the same model, PyTorch FP32 on the CPU), the GPU
+    recovers and a half-open probe closes the circuit; (2) hot swap to a new GPU engine
+    under load. Counts failed requests (target 0)."""
+    import threading
+
+    from inference import bench
+    from inference.batcher import DynamicBatcher
+    from inference.encoder import Encoder
+    from inference.engines.torch_cuda import TorchCudaEngine
+    from inference.manager import ModelManager
+    from inference.pool import InferencePool
+    from inference.tokenizer import E5Tokenizer
+
+    broken = threading.Event()
+    gpu_engines = []
+
+    def gpu_factory():
+        e = _Breakable(TorchCudaEngine(bert, key=("carried", str(dev)), device=dev, pad_id=meta["pad_id"]), broken)
+        gpu_engines.append(e)
+        return e
+
+    async def go():
+        tok = E5Tokenizer.load(engines_dir)
+        primary = await InferencePool.start(gpu_factory, 1, tok.pad_id)
+        cpu = await InferencePool.start(
+            lambda: _Breakable(TorchCudaEngine(bert, device="cpu", pad_id=meta["pad_id"], max_batch_size=32),
+                               threading.Event(), name="cpu_torch"), 1, tok.pad_id, record_workers=False)
+        m = ModelManager(primary, cpu, circuit_failures=3, reset_s=0.5, pool_options={"workers": 1, "pad_id": tok.pad_id})
+        enc = Encoder(tok, m, DynamicBatcher(m.run_batch, max_batch_size=256, max_queue_delay_ms=0, max_queue_size=8192,
+                                             deadline_ms=10000, tokenize=tok.encode_batch))
+        states: list = []
+        errors: list = []
+        done = [0]
+        stop = asyncio.Event()
+
+        async def client(i):
+            j = i
+            while not stop.is_set():
+                try:
+                    await enc.encode([bench.QUESTIONS[j % len(bench.QUESTIONS)]])
+                    done[0] += 1
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(repr(exc))
+                j += 1
+
+        async def watch():
+            while not stop.is_set():
+                if not states or states[-1][1] != m.state:
+                    states.append((round(time.perf_counter() - t0, 3), m.state, done[0]))
+                await asyncio.sleep(0.005)
+
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(client(i)) for i in range(64)] + [asyncio.create_task(watch())]
+        await asyncio.sleep(1.0)
+        before = done[0]
+        broken.set()
+        await asyncio.sleep(1.5)
+        during = done[0] - before
+        broken.clear()
+        await asyncio.sleep(1.5)
+        fault = {"requests": done[0], "errors": len(errors), "error_samples": errors[:3], "states": states,
+                 "served_while_broken": during, "fallback_batches": m.fallback_batches, "final_state": m.state}
+        # hot swap under load
+        errors.clear()
+        n0 = done[0]
+        t_swap = time.perf_counter()
+        await m.swap(lambda: TorchCudaEngine(bert, key=("carried-v2", str(dev)), device=dev, pad_id=meta["pad_id"]))
+        swap_s = time.perf_counter() - t_swap
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.gather(*tasks)
+        swap = {"requests_during_and_after": done[0] - n0, "errors": len(errors), "error_samples": errors[:3],
+                "swap_seconds": round(swap_s, 2), "old_closed": gpu_engines[0]._e._closed, "swaps": m.swaps}
+        await enc.close()
+        return {"fault": fault, "swap": swap}
+
+    return bench.run_async(go(), bench.loop_factory("auto"))
+
+
 def run_pytest() -> dict[str, Any]:
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_torch_cuda.py",
                         "-rs"], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -588,6 +799,17 @@ def run(carry: Path, out: Path, seconds: float, device: str, steps=ALL_STEPS) ->
         plan = [(1, "batched", 0.0, 256, "encode", CONCURRENCIES), (1, "batched", 0.0, 256, "pretokenized", CONCURRENCIES)]
         rec.step("pool_uvloop", lambda: asyncio.run(pool_bench(make_engine, engines_dir, seconds, rec, plan, "-uvloop"),
                                                     loop_factory=uvloop.new_event_loop))
+    if "accuracy" in want:
+        rec.step("accuracy_fp16", lambda: accuracy_fp16(make_engine, carry))
+    if "frontend_null" in want:
+        rec.step("frontend_null", lambda: frontend_null(engines_dir, seconds))
+    if "bench" in want:
+        patch_torch_cuda_loader(bert, meta, gpu)
+        plan = BENCH_PLAN if gpu else [("cpu-smoke", "auto", 1, 0.0, 0.5, None, (1, 8), (True, False)),
+                                       ("cpu-smoke-inline", "auto", 1, 0.0, 0.5, 10**9, (8,), (True,))]
+        rec.step("healthbot_bench", lambda: healthbot_bench(engines_dir, out, seconds, rec, plan))
+    if "fault" in want:
+        rec.step("fault_and_swap", lambda: fault_and_swap(bert, meta, engines_dir, dev))
     if "tensorrt" in want and gpu:
         rec.step("tensorrt_cuda_python", lambda: tensorrt_cuda_python_path(2.0))
     if "pytest" in want and gpu:
@@ -630,6 +852,24 @@ def summarize(rec: Recorder) -> None:
     for x in (r.get("pool_uvloop") or {}).get("runs", []):
         lines.append(f"pool-uvloop {x['mode']:12s} c={x['concurrency']:3d}: {x['throughput']:9.1f}/s p50 {x['p50_ms']:7.2f} "
                      f"p99 {x['p99_ms']:7.2f} batch {x['mean_batch']}")
+    if isinstance(r.get("accuracy_fp16"), dict) and "min_cosine" in r["accuracy_fp16"]:
+        a = r["accuracy_fp16"]
+        lines.append(f"accuracy fp16: min cosine {a['min_cosine']} (threshold {a['threshold']}): "
+                     f"{'ok' if a['passed'] else 'FAILED'}")
+    for loop, runs in (r.get("frontend_null") or {}).items():
+        if isinstance(runs, dict):
+            for c, x in runs.items():
+                lines.append(f"null-engine front end {loop} {c}: {x['throughput']:.0f}/s p50 {x['p50_ms']} p99 {x['p99_ms']} "
+                             f"batch {x['mean_batch_size']}")
+    for label, res in (r.get("healthbot_bench") or {}).items():
+        if isinstance(res, dict) and "runs" in res:
+            for x in res["runs"]:
+                mode = "engine-only" if x.get("engine_only") else ("batched" if x["batched"] else "unbatched")
+                lines.append(f"bench {label} {mode:11s} c={x['concurrency']}: {x['throughput']:9.1f}/s p50 {x['p50_ms']} "
+                             f"p99 {x['p99_ms']} batch {x.get('mean_batch_size', x.get('batch_size'))}")
+            lines.append(f"bench {label} engines: {json.dumps(res.get('engines'))}")
+    if "fault_and_swap" in r:
+        lines.append(f"fault_and_swap: {json.dumps(r['fault_and_swap'])[:900]}")
     for k in ("tensorrt_cuda_python", "pytest_torch_cuda"):
         if k in r:
             lines.append(f"{k}: {json.dumps(r[k])[:600]}")
@@ -652,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     r.add_argument("--steps", default=",".join(ALL_STEPS),
                    help="comma list of: parity, latency, memory, memory_caps, gpu_time, frontend, pool, "
-                        "pool_uvloop, tensorrt, pytest")
+                        "pool_uvloop, tensorrt, pytest; and (new front end) accuracy, frontend_null, bench, fault")
     args = ap.parse_args(argv)
     if args.cmd == "pack":
         pack(args.engines_dir, args.out)
