@@ -240,7 +240,7 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
         lambda d=None: _call_loader(loader, ecfg, engines_dir, d), ecfg.workers, tokenizer.pad_id, devices=devices)
     load_s = time.perf_counter() - t0
     apply_process_settings(cfg)  # as Encoder.create does (gc.freeze, GIL switch interval)
-    precision = await pool.call_on_worker(engine_precision)
+    precision = pool.precision
     info: dict[str, Any] = {"engine": spec.name, "precision": precision, "workers": pool.workers,
                             "devices": ["cpu" if d is None else f"cuda:{d}" for d in pool.devices],
                             "load_seconds": round(load_s, 2)}
@@ -280,20 +280,6 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
     finally:
         await pool.close()
     return info, runs
-
-
-def engine_precision(engine: Any) -> str:
-    """``"int8"``, ``"fp16"``, ``"fp32"``, ...: the engine's ``precision`` attribute, or
-    its torch ``dtype`` (torch_cuda), or the TensorRT build spec's precision."""
-    p = getattr(engine, "precision", None)
-    if p:
-        return str(p)
-    dtype = str(getattr(engine, "dtype", "")).replace("torch.", "")
-    names = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-    if dtype in names:
-        return names[dtype]
-    spec = getattr(engine, "spec", None)
-    return str(getattr(spec, "precision", "") or "?")
 
 
 def default_engines(cfg: InferenceConfig) -> list[EngineSpec]:

@@ -67,6 +67,14 @@ class Encoder:
         """The engine serving now (the CPU fallback's name while its circuit is open)."""
         return self.pool.engine_name
 
+    @property
+    def variant(self) -> str:
+        """``"<engine>/<precision>"`` of the primary engine, e.g. ``"onnxruntime/int8"``:
+        vectors cached across runs (knowledge-base examples) must be keyed by it, as
+        INT8 and FP16 vectors differ from FP32 ones (cosine ~0.998-0.9999996)."""
+        pool = getattr(self.pool, "primary", self.pool)
+        return f"{pool.engine_name}/{pool.precision}"
+
     @classmethod
     async def create(cls, cfg: InferenceConfig, engines_dir: Path) -> Encoder:
         """Load tokenizer and engines, start the pools (``cfg.workers`` per device) and the batcher.

@@ -417,6 +417,13 @@ class ModelManager:
         return self._primary.engine_name
 
     @property
+    def variant(self) -> str:
+        """``"<engine>/<precision>"`` of the engine serving now, e.g. ``"onnxruntime/int8"``
+        (what a cache of vectors must be keyed by, besides the model file)."""
+        pool = self._fallback if self.state == OPEN and self._fallback is not None else self._primary
+        return f"{pool.engine_name}/{pool.precision}"
+
+    @property
     def max_batch_size(self) -> int:
         return self._primary.max_batch_size
 

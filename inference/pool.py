@@ -69,6 +69,20 @@ def pad_batch(windows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray
     return ids, mask
 
 
+def engine_precision(engine: Any) -> str:
+    """``"int8"``, ``"fp16"``, ``"fp32"``, ...: the engine's ``precision`` attribute, or
+    its torch ``dtype`` (torch_cuda), or the TensorRT build spec's precision; ``"?"``."""
+    p = getattr(engine, "precision", None)
+    if p:
+        return str(p)
+    dtype = str(getattr(engine, "dtype", "")).replace("torch.", "")
+    names = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+    if dtype in names:
+        return names[dtype]
+    spec = getattr(engine, "spec", None)
+    return str(getattr(spec, "precision", "") or "?")
+
+
 @dataclass(eq=False)
 class _Worker:
     index: int
@@ -116,8 +130,8 @@ class InferencePool:
     """Runs padded batches on engines placed on one or more devices, one thread per engine.
 
     Build with :meth:`start` (engines are created on their worker threads).
-    Attributes ``engine_name``, ``dim``, ``max_batch_size``, ``max_seq_len`` come
-    from the engines; ``workers`` is the number of engines (all devices);
+    Attributes ``engine_name``, ``precision``, ``dim``, ``max_batch_size``,
+    ``max_seq_len`` come from the engines; ``workers`` is the number of engines (all devices);
     ``devices`` the device list; ``batches_run`` and ``infer_ms_total`` (ms spent
     inside the worker call) are for the bench. Prometheus (bot/metrics.py):
     ``healthbot_inference_engine_seconds{engine}`` per batch, measured on the
@@ -143,6 +157,7 @@ class InferencePool:
         self.devices: list[Device] = list(self._states)
         first = workers[0].engine
         self.engine_name: str = first.name
+        self.precision: str = engine_precision(first)
         self.dim: int = first.dim
         self.max_batch_size: int = min(w.engine.max_batch_size for w in workers)
         self.max_seq_len: int = min(w.engine.max_seq_len for w in workers)

@@ -131,7 +131,7 @@ async def test_encode_gives_unit_norm_float32_384(encoder: Encoder):
     out = await encoder.encode(["失眠怎么办", "how much water should I drink a day", "手脚冰凉"])
     assert out.shape == (3, 384) and out.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, rtol=1e-5)
-    assert encoder.engine_name == "onnxruntime" and encoder.dim == 384
+    assert encoder.engine_name == "onnxruntime" and encoder.dim == 384 and encoder.variant == "onnxruntime/fp32"
 
 
 @pytest.mark.model

@@ -81,7 +81,7 @@ async def test_a_failed_batch_is_served_on_the_cpu_engine_and_repeated_failures_
         assert m.state == (OPEN if i == 2 else CLOSED)
     assert circuit_state("gpu_open") == metrics.CircuitState.OPEN
     assert fallbacks("gpu_open", "cpu_a") == before + 1
-    assert m.engine_name == "cpu_a"
+    assert m.engine_name == "cpu_a" and m.variant == "cpu_a/?"
     assert workers_gauge("cpu_a") == 1 and workers_gauge("gpu_open") == 0  # the serving engine holds the workers
     calls = gpu.calls
     await m.run_batch([[0, 5, 2]])
