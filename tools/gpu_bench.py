@@ -598,6 +598,26 @@ def healthbot_bench(engines_dir: Path, out: Path, seconds: float, rec: Recorder,
     return results
 
 
+def multi_gpu_bench(engines_dir: Path, seconds: float, rec: Recorder) -> dict[str, Any]:
+    """Issue 9: the same ``healthbot bench`` pool on one GPU (``devices = ["0"]``) and on every
+    visible GPU (``["all"]``), torch_cuda, uvloop, max queue delay 0, batched, c = 256 and 512."""
+    from bot.config import InferenceConfig
+    from inference import bench
+
+    factory = bench.loop_factory("uvloop")
+    results = {}
+    for label, devices, workers in (("1gpu-w2", ["0"], 2), ("allgpu-w2", ["all"], 2), ("1gpu-w1", ["0"], 1),
+                                    ("allgpu-w1", ["all"], 1)):
+        cfg = InferenceConfig(workers=workers, max_queue_delay_ms=0.0, max_queue_size=8192, devices=devices,
+                              switch_interval_ms=0.5)
+        res = bench.run_async(bench.run_bench(cfg, engines_dir, (256, 512), seconds, engines=["torch_cuda"],
+                                              modes=(True,), progress=lambda line: rec.log(f"    {label}: {line}")),
+                              factory)
+        results[label] = res
+        rec.log(bench.format_table(res))
+    return results
+
+
 FRONTEND_PLAN = [  # (loop, GIL switch interval ms, tokenize inline up to)
     ("uvloop", 5.0, None), ("uvloop", 0.5, None), ("uvloop", 0.1, None), ("uvloop", 0.5, 10**9), ("asyncio", 0.5, None)]
 
@@ -808,6 +828,9 @@ def run(carry: Path, out: Path, seconds: float, device: str, steps=ALL_STEPS) ->
         plan = BENCH_PLAN if gpu else [("cpu-smoke", "auto", 1, 0.0, 0.5, None, (1, 8), (True, False)),
                                        ("cpu-smoke-inline", "auto", 1, 0.0, 0.5, 10**9, (8,), (True,))]
         rec.step("healthbot_bench", lambda: healthbot_bench(engines_dir, out, seconds, rec, plan))
+    if "multigpu" in want:
+        patch_torch_cuda_loader(bert, meta, gpu)
+        rec.step("multi_gpu_bench", lambda: multi_gpu_bench(engines_dir, seconds, rec))
     if "fault" in want:
         rec.step("fault_and_swap", lambda: fault_and_swap(bert, meta, engines_dir, dev))
     if "tensorrt" in want and gpu:
