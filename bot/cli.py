@@ -141,11 +141,10 @@ async def _eval(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _bench(cfg: Config, args: argparse.Namespace) -> int:
-    from inference.bench import format_table, run_bench
-    result = await run_bench(cfg.inference, cfg.engines_path)
-    print(json.dumps(result, ensure_ascii=False) if args.json else format_table(result))
-    return 0
+def cmd_bench(cfg: Config, args: argparse.Namespace) -> int:
+    from inference.bench import run_cli
+    _ensure_model(cfg)
+    return run_cli(args, cfg.inference, cfg.engines_path)
 
 
 def cmd_build_engine(cfg: Config, args: argparse.Namespace) -> int:
@@ -251,8 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--misses", action="store_true", help="print misclassified lines to stderr")
     s.add_argument("--compare", action="store_true", help="compare BM25 alone, dense alone and hybrid retrieval")
-    s = sub.add_parser("bench", help="encoder throughput and latency")
-    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("bench", help="encoder throughput and latency, per engine")
+    from inference.bench import add_arguments as bench_arguments
+    bench_arguments(s)
     s = sub.add_parser("kb", help="knowledge-base tools")
     s.add_argument("action", choices=["check"])
     s = sub.add_parser("config", help="configuration tools")
@@ -290,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     quiet = args.command in ("ask", "eval", "bench") and args.log_level == "INFO"
     configure_logging("WARNING" if quiet else args.log_level, args.log_format, secrets=config_secrets(cfg))
-    handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "build-engine": cmd_build_engine, "kb": cmd_kb, "config": cmd_config}
-    async_handlers = {"ask": _ask, "eval": _eval, "bench": _bench, "telegram": _telegram, "wechat": _wechat,
+    handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "build-engine": cmd_build_engine, "bench": cmd_bench, "kb": cmd_kb, "config": cmd_config}
+    async_handlers = {"ask": _ask, "eval": _eval, "telegram": _telegram, "wechat": _wechat,
                       "loadtest": _loadtest}
     try:
         if args.command in handlers:

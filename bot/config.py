@@ -296,6 +296,7 @@ def _validate(cfg: Config) -> None:
     if cfg.wechat.mode != "plaintext" and len(cfg.wechat.aes_key) != 43:
         raise ConfigError("config key 'wechat.aes_key': the EncodingAESKey must be 43 characters in compatible/safe mode")
     inf = cfg.inference
+    inf.validate()
     for key in ("max_batch_size", "max_queue_size", "workers", "max_batch_tokens"):
         if getattr(inf, key) < 1:
             raise ConfigError(f"config key 'inference.{key}': must be >= 1")

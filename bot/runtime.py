@@ -58,7 +58,7 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) ->
     encoder = await Encoder.create(cfg.inference, cfg.engines_path)
     try:
         retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
-                                          model_digest=model_digest(cfg))
+                                          model_digest=model_digest(cfg) + encoder.variant)
         dispatcher = Dispatcher(cfg, retriever, handoff, store)
         log.info("ready", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
         try:

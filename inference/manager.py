@@ -286,11 +286,15 @@ def load_engine_factory(cfg: InferenceConfig, engines_dir: Path) -> EngineFactor
             probe = _call_loader(loader, cfg, engines_dir, device)
         except EngineError as exc:
             skipped[name] = str(exc)
-            log.warning("engine_skipped", engine=name, reason=str(exc))
+            # a GPU engine on a machine without a GPU is the expected case, not a warning
+            (log.info if "no NVIDIA GPU visible" in str(exc) else log.warning)(
+                "engine_skipped", engine=name, reason=str(exc))
             metrics.set_circuit_state(name, metrics.CircuitState.OPEN)
             continue
-        if skipped:
+        if any("no NVIDIA GPU visible" not in why for why in skipped.values()):
             log.warning("engine_selected", engine=name, skipped=skipped)
+        elif skipped:
+            log.info("engine_selected", engine=name, skipped=skipped)
         else:
             log.info("engine_selected", engine=name, reason="first in inference.engine_order")
         for passed_over in skipped:
