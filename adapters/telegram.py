@@ -114,6 +114,7 @@ from telegram.ext import (Application, ApplicationBuilder, ApplicationHandlerSto
 from telegram.warnings import PTBDeprecationWarning
 
 from adapters import telegram_constants as tc
+from adapters.body import BodyTooLarge, read_limited
 from adapters.telegram_handoff import USER_TEXTS, TelegramAgentRelay
 from bot import metrics
 from bot.config import Config, ConfigError, TelegramConfig
@@ -903,8 +904,8 @@ class TelegramAdapter:
     async def _accept(self, request: web.Request, app: Application) -> web.Response:
         """Read, check and queue one authenticated delivery (see :meth:`handle_webhook`)."""
         try:
-            body = await _read_limited(request, tc.UPDATE_MAX_BYTES)
-        except _TooLarge:
+            body = await read_limited(request, tc.UPDATE_MAX_BYTES)
+        except BodyTooLarge:
             log.warning("telegram.rejected", status=413, reason="body too large")
             return web.Response(status=413, text="body too large")
         try:
@@ -1110,24 +1111,6 @@ class TelegramAdapter:
         await self.sender.send_text(int(session.chat_id), f"{label}\n{text}")
 
 
-class _TooLarge(Exception):
-    pass
-
-
-async def _read_limited(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise _TooLarge
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.read(limit + 1 - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge
-    return b"".join(chunks)
 
 
 def _api_host(api_base: str) -> str:

@@ -109,6 +109,7 @@ from wechatpy.replies import TextReply, TransferCustomerServiceReply
 from wechatpy.utils import WeChatSigner
 
 from adapters import wechat_constants as wc
+from adapters.body import BodyTooLarge, read_limited
 from adapters.wechat_api import SendOutcome, WechatApi
 from bot.config import Config, ConfigError
 from bot.store import Store, open_store
@@ -661,20 +662,10 @@ class WechatAdapter:
         return self.cfg.mode == "compatible" and query.get("encrypt_type", "").lower() == "aes"
 
     async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise _Reject(413, "body too large", f"Content-Length {request.content_length} > {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = await request.content.read(limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise _Reject(413, "body too large", f"body over {limit} bytes")
-        return b"".join(chunks)
+        try:
+            return await read_limited(request, self.max_body_bytes)
+        except BodyTooLarge as exc:
+            raise _Reject(413, "body too large", str(exc)) from None
 
     def _decrypt(self, envelope_text: str, query: Any) -> str:
         assert self.crypto is not None

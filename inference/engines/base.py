@@ -11,6 +11,23 @@ class EngineError(RuntimeError):
     """An engine failed to load or to run a batch; the message says what to do."""
 
 
+def check_batch(input_ids: np.ndarray, attention_mask: np.ndarray, max_batch_size: int,
+                max_seq_len: int) -> tuple[int, int]:
+    """Validate one padded batch for :meth:`Engine.infer`; returns (B, T).
+
+    Raises:
+        EngineError: the two arrays are not both [B, T], or B / T is outside
+            [1, max_batch_size] / [1, max_seq_len].
+    """
+    if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
+        raise EngineError(f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} "
+                          "must both be [B, T]")
+    batch, seq = input_ids.shape
+    if not (1 <= batch <= max_batch_size and 1 <= seq <= max_seq_len):
+        raise EngineError(f"batch [{batch}, {seq}] outside [1..{max_batch_size}, 1..{max_seq_len}]")
+    return batch, seq
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A sentence encoder backend that owns one execution context.

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from inference.engines.base import EngineError
+from inference.engines.base import EngineError, check_batch
 
 log = structlog.get_logger("healthbot.inference.onnxruntime")
 
@@ -131,12 +131,7 @@ class OnnxRuntimeEngine:
         Raises:
             EngineError: bad shapes or the session failed.
         """
-        if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
-            raise EngineError(f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} "
-                              "must both be [B, T]")
-        b, t = input_ids.shape
-        if not (1 <= b <= self.max_batch_size and 1 <= t <= self.max_seq_len):
-            raise EngineError(f"batch [{b}, {t}] outside [1..{self.max_batch_size}, 1..{self.max_seq_len}]")
+        b, t = check_batch(input_ids, attention_mask, self.max_batch_size, self.max_seq_len)
         feeds = {"input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
                  "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64)}
         if self._feeds_type_ids:

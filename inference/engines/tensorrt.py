@@ -47,7 +47,7 @@ import structlog
 from inference.build_engine import (BuildError, BuildSpec, Profile, build_engine, cuda_check, engine_is_current,
                                     engine_path, import_cudart, import_tensorrt, onnx_sha256_of, query_device,
                                     trt_major)
-from inference.engines.base import EngineError
+from inference.engines.base import EngineError, check_batch
 
 log = structlog.get_logger("healthbot.inference.tensorrt")
 
@@ -278,12 +278,7 @@ class TensorRTEngine:
         """
         if self._closed:
             raise EngineError("TensorRT engine is closed")
-        if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
-            raise EngineError(f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} "
-                              "must both be [B, T]")
-        batch, seq = input_ids.shape
-        if not (1 <= batch <= self.max_batch_size and 1 <= seq <= self.max_seq_len):
-            raise EngineError(f"batch [{batch}, {seq}] outside [1..{self.max_batch_size}, 1..{self.max_seq_len}]")
+        batch, seq = check_batch(input_ids, attention_mask, self.max_batch_size, self.max_seq_len)
         self._make_current()
         bucket = self.bucket_for(batch, seq)
         step = bucket.profile.batch_max

@@ -56,7 +56,7 @@ import numpy as np
 import structlog
 
 from inference.build_engine import DEFAULT_SEQ_BUCKETS
-from inference.engines.base import EngineError
+from inference.engines.base import EngineError, check_batch
 
 log = structlog.get_logger("healthbot.inference.torch_cuda")
 
@@ -515,12 +515,7 @@ class TorchCudaEngine:
         """
         if self._closed:
             raise EngineError("torch_cuda engine is closed")
-        if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
-            raise EngineError(f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} "
-                              "must both be [B, T]")
-        batch, seq = input_ids.shape
-        if not (1 <= batch <= self.max_batch_size and 1 <= seq <= self.max_seq_len):
-            raise EngineError(f"batch [{batch}, {seq}] outside [1..{self.max_batch_size}, 1..{self.max_seq_len}]")
+        batch, seq = check_batch(input_ids, attention_mask, self.max_batch_size, self.max_seq_len)
         self._make_current()
         try:
             if self.cuda_graphs:
