@@ -28,7 +28,7 @@ from typing import Awaitable, Callable, Protocol
 import structlog
 
 from bot.store import MemoryStore, Store
-from safety.pii import mask_pii
+from safety.pii import mask_pii, pseudonym
 
 log = structlog.get_logger("healthbot.handoff")
 
@@ -155,7 +155,7 @@ class HandoffManager:
                 log.exception("handoff.relay_open_failed", channel=channel)
         await self.save(s)
         await self._index(add=(channel, user_id))
-        log.info("handoff.start", channel=channel, user=mask_pii(user_id), reason=reason)
+        log.info("handoff.start", channel=channel, user=pseudonym(user_id), reason=reason)
         return s
 
     async def user_message(self, s: HandoffSession, text: str) -> None:
@@ -193,7 +193,7 @@ class HandoffManager:
                 await relay.close(s, by)
             except Exception:
                 log.exception("handoff.relay_close_failed", channel=channel)
-        log.info("handoff.end", channel=channel, user=mask_pii(user_id), by=by)
+        log.info("handoff.end", channel=channel, user=pseudonym(user_id), by=by)
         return s
 
     async def forget(self, channel: str, user_id: str) -> None:
