@@ -111,6 +111,10 @@ def _load_onnxruntime(cfg: InferenceConfig, engines_dir: Path, device: Device = 
                              max_batch_size=cfg.max_batch_size)
 
 
+#: Why a GPU engine is skipped on a machine without one (logged at info, not counted as a fallback).
+NO_GPU = "no NVIDIA GPU visible"
+
+
 def _gpu_visible() -> bool:
     """True when an NVIDIA device node exists (checked before importing a CUDA stack)."""
     return any(Path("/dev").glob("nvidia[0-9]*")) or bool(os.environ.get("HEALTHBOT_ASSUME_GPU"))
@@ -118,7 +122,7 @@ def _gpu_visible() -> bool:
 
 def _load_tensorrt(cfg: InferenceConfig, engines_dir: Path, device: Device = None) -> Engine:
     if not _gpu_visible():
-        raise EngineError("no NVIDIA GPU visible")
+        raise EngineError(NO_GPU)
     from inference.engines.tensorrt import TensorRTEngine
 
     # build_missing=False: a missing engine falls back at once; build it with
@@ -128,7 +132,7 @@ def _load_tensorrt(cfg: InferenceConfig, engines_dir: Path, device: Device = Non
 
 def _load_torch_cuda(cfg: InferenceConfig, engines_dir: Path, device: Device = None) -> Engine:
     if not _gpu_visible():
-        raise EngineError("no NVIDIA GPU visible")
+        raise EngineError(NO_GPU)
     from inference.engines.torch_cuda import TorchCudaEngine
 
     return TorchCudaEngine.from_engines_dir(engines_dir, device=device or 0)
@@ -286,18 +290,20 @@ def load_engine_factory(cfg: InferenceConfig, engines_dir: Path) -> EngineFactor
             probe = _call_loader(loader, cfg, engines_dir, device)
         except EngineError as exc:
             skipped[name] = str(exc)
-            # a GPU engine on a machine without a GPU is the expected case, not a warning
-            (log.info if "no NVIDIA GPU visible" in str(exc) else log.warning)(
-                "engine_skipped", engine=name, reason=str(exc))
+            if NO_GPU in str(exc):  # a GPU engine on a machine without a GPU: expected, not a failure
+                log.info("engine_skipped", engine=name, reason=str(exc))
+                continue
+            log.warning("engine_skipped", engine=name, reason=str(exc))
             metrics.set_circuit_state(name, metrics.CircuitState.OPEN)
             continue
-        if any("no NVIDIA GPU visible" not in why for why in skipped.values()):
+        failed = {k: why for k, why in skipped.items() if NO_GPU not in why}
+        if failed:
             log.warning("engine_selected", engine=name, skipped=skipped)
         elif skipped:
             log.info("engine_selected", engine=name, skipped=skipped)
         else:
             log.info("engine_selected", engine=name, reason="first in inference.engine_order")
-        for passed_over in skipped:
+        for passed_over in failed:
             metrics.record_fallback(passed_over, name)
         metrics.set_circuit_state(name, metrics.CircuitState.CLOSED)
         return EngineFactory(name, lambda d, loader=loader: _call_loader(loader, cfg, engines_dir, d), probe, skipped,
