@@ -7,6 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
+EVAL   ?= ../shared/eval/dev.jsonl
 
 .PHONY: serve test model eval bench kb-check clean
 
@@ -30,7 +31,7 @@ test: $(STAMP) engines/manifest.json
 	$(BIN)/python -m pytest -q
 
 eval: $(STAMP) engines/manifest.json
-	$(BIN)/healthbot eval ../shared/eval/dev.jsonl
+	$(BIN)/healthbot eval $(EVAL)
 
 bench: $(STAMP) engines/manifest.json
 	$(BIN)/healthbot bench
