@@ -618,6 +618,45 @@ def multi_gpu_bench(engines_dir: Path, seconds: float, rec: Recorder) -> dict[st
     return results
 
 
+def _one_gpu_process(carry: str, device: str, seconds: float, start_at: float, queue) -> None:
+    """Child of :func:`process_per_gpu`: one pool on one GPU, started at ``start_at`` (epoch s)."""
+    from bot.config import InferenceConfig
+    from inference import bench
+
+    bert, meta = load_carried_bert(Path(carry))
+    patch_torch_cuda_loader(bert, meta, device != "cpu")
+    engines_dir = unpack_engines_dir(Path(carry))
+    cfg = InferenceConfig(workers=2, max_queue_delay_ms=0.0, max_queue_size=8192,
+                          devices=[device] if device != "cpu" else ["all"], switch_interval_ms=0.5)
+    time.sleep(max(0.0, start_at - time.time()))
+    res = bench.run_async(bench.run_bench(cfg, engines_dir, (256,), seconds, engines=["torch_cuda"], modes=(True,),
+                                          ceiling_seconds=0.0), bench.loop_factory("uvloop"))
+    queue.put((device, [r for r in res["runs"] if not r.get("engine_only")]))
+
+
+def process_per_gpu(carry: Path, seconds: float, rec: Recorder, gpus: int, cpu: bool = False) -> dict[str, Any]:
+    """Issue 9, scaling out inside one host: one process per GPU (each its own front end),
+    run at the same time, c=256 each; throughput summed over the processes."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    start_at = time.time() + 40.0  # every child loaded and warmed before the common start
+    procs = [ctx.Process(target=_one_gpu_process, args=(str(carry), "cpu" if cpu else str(i), seconds, start_at,
+                                                        queue)) for i in range(gpus)]
+    for p in procs:
+        p.start()
+    runs = [queue.get(timeout=600) for _ in procs]
+    runs = {f"{dev}#{k}": r for k, (dev, r) in enumerate(runs)}
+    for p in procs:
+        p.join(timeout=60)
+    total = sum(r[0]["throughput"] for r in runs.values())
+    for dev, r in sorted(runs.items()):
+        rec.log(f"    process on GPU {dev}: {r[0]['throughput']:.0f}/s p50 {r[0]['p50_ms']} p99 {r[0]['p99_ms']}")
+    rec.log(f"    {gpus} processes together: {total:.0f}/s")
+    return {"per_process": runs, "total_throughput": total}
+
+
 FRONTEND_PLAN = [  # (loop, GIL switch interval ms, tokenize inline up to)
     ("uvloop", 5.0, None), ("uvloop", 0.5, None), ("uvloop", 0.1, None), ("uvloop", 0.5, 10**9), ("asyncio", 0.5, None)]
 
@@ -828,6 +867,9 @@ def run(carry: Path, out: Path, seconds: float, device: str, steps=ALL_STEPS) ->
         plan = BENCH_PLAN if gpu else [("cpu-smoke", "auto", 1, 0.0, 0.5, None, (1, 8), (True, False)),
                                        ("cpu-smoke-inline", "auto", 1, 0.0, 0.5, 10**9, (8,), (True,))]
         rec.step("healthbot_bench", lambda: healthbot_bench(engines_dir, out, seconds, rec, plan))
+    if "procs" in want:
+        rec.step("process_per_gpu_1", lambda: process_per_gpu(carry, seconds, rec, 1, quick))
+        rec.step("process_per_gpu_2", lambda: process_per_gpu(carry, seconds, rec, 2, quick))
     if "multigpu" in want:
         patch_torch_cuda_loader(bert, meta, gpu)
         rec.step("multi_gpu_bench", lambda: multi_gpu_bench(engines_dir, seconds, rec))
