@@ -87,7 +87,6 @@ import asyncio
 import base64
 import binascii
 import hmac
-import inspect
 import json
 import re
 import time
@@ -1062,18 +1061,13 @@ class WechatAdapter:
 
     async def _forget(self, openid: str) -> None:
         """Drop what is kept about a user who unfollowed: the core's handoff and session
-        state (``handoff.forget`` / ``sessions.forget`` where the dispatcher has them),
-        their pending answers and unread pages."""
-        core = getattr(self.dispatcher, "target", None) or self.dispatcher  # bot.app's late-bound wrapper
-        for name in ("handoff", "sessions"):
-            forget = getattr(getattr(core, name, None), "forget", None)
-            if callable(forget):
-                try:
-                    done = forget(wc.CHANNEL, openid)
-                    if inspect.isawaitable(done):  # store-backed (async) or in-memory (sync) state
-                        await done
-                except Exception:  # noqa: BLE001 — the rest is still forgotten
-                    log.exception("wechat.forget_failed", part=name)
+        state (``dispatcher.forget_user``), their pending answers and unread pages."""
+        forget = getattr(self.dispatcher, "forget_user", None)  # absent on test doubles
+        if forget is not None:
+            try:
+                await forget(wc.CHANNEL, openid)
+            except Exception:  # noqa: BLE001 — the rest is still forgotten
+                log.exception("wechat.forget_failed")
         if self.store is not None:
             try:
                 await self.store.delete(PENDING_KEY.format(openid=openid))

@@ -85,6 +85,9 @@ class _LateDispatcher:
     async def handle(self, inbound):
         return await self.target.handle(inbound)
 
+    async def forget_user(self, channel: str, user_id: str) -> None:
+        await self.target.forget_user(channel, user_id)
+
 
 async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
     """``/readyz``: ``(HTTP status, body)``.

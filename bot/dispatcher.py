@@ -100,6 +100,11 @@ class Dispatcher:
         except StoreError:
             return True
 
+    async def forget_user(self, channel: str, user_id: str) -> None:
+        """Drop everything kept about a user: handoff, transcript, session (unsubscribe, /stop)."""
+        await self.handoff.forget(channel, user_id)
+        await self.sessions.forget(channel, user_id)
+
     @property
     def kb(self) -> KnowledgeBase:
         return self.retriever.kb

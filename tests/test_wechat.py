@@ -8,7 +8,6 @@ one gets the stored Reply. End-to-end tests with the real dispatcher live elsewh
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 import time
 import xml.etree.ElementTree as ET
@@ -921,35 +920,20 @@ async def test_late_handoff_text_is_not_queued_for_a_subscription_account(serve,
     assert wx.parse_reply(body)["Content"] == "答：口干"
 
 
-class Forgetful:
-    def __init__(self) -> None:
-        self.forgotten: list[tuple[str, str]] = []
-
-    def forget(self, channel: str, user_id: str) -> None:
-        self.forgotten.append((channel, user_id))
-
-
-class AsyncForgetful(Forgetful):
-    async def forget(self, channel: str, user_id: str) -> None:  # store-backed state
-        self.forgotten.append((channel, user_id))
-
-
 async def test_unsubscribe_forgets_the_user_everywhere(serve, signer):
     core = CachingDispatcher(text=ANSWER_6000)
-    core.handoff, core.sessions = AsyncForgetful(), Forgetful()
+    forgotten: list[tuple[str, str]] = []
 
-    class Late:  # bot.app's wrapper, whose target is the real dispatcher
-        target = core
+    async def forget_user(channel: str, user_id: str) -> None:  # Dispatcher.forget_user
+        forgotten.append((channel, user_id))
 
-        async def handle(self, inbound):
-            return await core.handle(inbound)
-
-    client = await serve(Late())
+    core.forget_user = forget_user
+    client = await serve(core)
     store = client.app[WECHAT_ADAPTER].store
     await post(client, signer, wx.text_xml("怎么养生", msg_id=1300))  # leaves unread pages
     await store.push(f"wechat:pending:{wx.USER}", '{"msgid": "1", "q": "x", "text": "y"}')
     assert await post(client, signer, wx.event_xml("unsubscribe")) == (200, "success")
-    assert core.handoff.forgotten == core.sessions.forgotten == [("wechat", wx.USER)]
+    assert forgotten == [("wechat", wx.USER)]
     assert await store.get(f"wechat:more:{wx.USER}") is None
     assert await store.pop_all(f"wechat:pending:{wx.USER}") == []
 
@@ -992,15 +976,10 @@ async def test_real_dispatcher_zhuan_rengong_transfers_and_records_the_handoff(s
     client = await serve(dispatcher)
     status, body = await post(client, signer, wx.text_xml("转人工", msg_id=time.time_ns() % 10**15, user=user))
     assert ET.fromstring(body).findtext("MsgType") == "transfer_customer_service"
-    assert await _maybe_await(dispatcher.handoff.active("wechat", user)) is not None
+    assert await dispatcher.handoff.active("wechat", user) is not None
     # In handoff, the user's next message goes to the agents too (the bot stays silent).
     status, body = await post(client, signer, wx.text_xml("你好，在吗", msg_id=time.time_ns() % 10**15, user=user))
     assert ET.fromstring(body).findtext("MsgType") == "transfer_customer_service"
     event = wx.event_xml("unsubscribe").replace(wx.USER, user)
     assert await post(client, signer, event) == (200, "success")
-    assert await _maybe_await(dispatcher.handoff.active("wechat", user)) is None
-
-
-async def _maybe_await(value: Any) -> Any:
-    """HandoffManager.active is sync in memory and async once it keeps state in the store."""
-    return await value if inspect.isawaitable(value) else value
+    assert await dispatcher.handoff.active("wechat", user) is None
