@@ -31,7 +31,6 @@ from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
 from bot.session import Sessions, is_follow_up
 from bot.store import MemoryStore, Store, StoreError
-from bot.terms import canonical_terms
 from bot.types import Inbound, Intent, MessageKind, Reply
 from inference.batcher import BusyError, DeadlineExceeded
 from safety.disclaimer import with_disclaimer
@@ -263,7 +262,7 @@ class Dispatcher:
             # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
             context = self.kb.topics[session.last_topic].title[lang]
         try:
-            found = await self.retriever.search(canonical_terms(norm.text), context=context)
+            found = await self.retriever.search(norm.text, context=context)
         except (BusyError, DeadlineExceeded) as exc:
             return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
         engine = self.retriever.encoder.engine_name

@@ -98,12 +98,11 @@ async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> E
 
 async def retrieval_accuracy(retriever, rows: list[dict]) -> float:
     """Share of ``answer`` lines whose top-1 retrieved topic is right (retrieval alone, no intents)."""
-    from bot.terms import canonical_terms
     from safety.normalize import normalize
     lines = [r for r in rows if r["intent"] == "answer"]
     ok = 0
     for row in lines:
-        found = await retriever.search(canonical_terms(normalize(row["q"]).text))
+        found = await retriever.search(normalize(row["q"]).text)
         ok += found.matches[0].topic_id in row.get("topics", [])
     return ok / len(lines) if lines else 0.0
 

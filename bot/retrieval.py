@@ -32,6 +32,7 @@ import yaml
 
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.lexical import BM25, tokenize
+from bot.terms import canonical_terms
 
 #: Weight and saturation constant of the lexical part (tuned with ``healthbot eval``).
 LEXICAL_WEIGHT = 0.06
@@ -204,7 +205,9 @@ class Retriever:
         """Top-``k`` topics for a normalized question, best first.
 
         Args:
-            text: the user's question after safety.normalize (Simplified, lowercase Latin).
+            text: the user's question after safety.normalize (Simplified, lowercase Latin);
+                everyday, dialect and TCM wordings are mapped to the base's words here
+                (bot/terms.py).
             k: number of matches to return.
             context: for a follow-up question ("那饮食上呢"), the words of the topic
                 it follows; topics are then scored by the mean of the scores of
@@ -214,6 +217,7 @@ class Retriever:
         Raises:
             inference.batcher.BusyError / DeadlineExceeded: the inference pool is overloaded.
         """
+        text = canonical_terms(text)
         texts = [text] if context is None else [f"{context} {text}", text]
         qs = await self.encoder.encode(texts)
         parts = [self._score(q, t) for q, t in zip(qs, texts)]
