@@ -67,7 +67,7 @@ Commands:
   running. Messages after it go to agents through the dispatcher (which relays
   them while a handoff is active).
 * ``/stop`` — ends the handoff (``HandoffManager.end(by="user")``), forgets the
-  session (``HandoffManager.forget``), the /lang choice and the agents' topic link.
+  session (``Dispatcher.forget_user``), the /lang choice and the agents' topic link.
 * ``/lang`` — ``/lang en`` or ``/lang zh``, or buttons when given no argument. The
   choice is kept per user in memory and sent as ``Inbound.lang``; without a
   choice ``Inbound.lang`` is None and the dispatcher detects the language from
@@ -1021,7 +1021,8 @@ class TelegramAdapter:
         uid = str(user.id)
         ended = await self.handoff.end(tc.CHANNEL, uid, by="user")
         text = self._text("stopped_handoff" if ended else "stopped", uid)
-        await self.handoff.forget(tc.CHANNEL, uid)
+        forget_user = getattr(self.dispatcher, "forget_user", None)  # handoff, transcript and session
+        await (forget_user(tc.CHANNEL, uid) if forget_user else self.handoff.forget(tc.CHANNEL, uid))
         self.langs.pop(uid, None)
         if self.relay is not None:
             self.relay.forget(uid)

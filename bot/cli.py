@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in handlers:
             return handlers[args.command](cfg, args)
-        if args.command in ("ask", "eval", "bench"):
+        if args.command in ("ask", "eval"):
             _ensure_model(cfg)
         return asyncio.run(async_handlers[args.command](cfg, args))
     except KeyboardInterrupt:
