@@ -112,7 +112,7 @@ class Dispatcher:
         """The reply to ``inbound``; a retried message returns the first computation's reply.
 
         Never raises for bad input or an overloaded pool: those become polite replies.
-        A retry answered from the dedup cache (``self.once.hits``) counts in
+        A retry answered without computing (in flight here, or stored by any replica) counts in
         ``healthbot_dedup_hits_total``.
         """
         computed = False
@@ -126,7 +126,7 @@ class Dispatcher:
             return await self.once.run((inbound.channel, inbound.message_id), lambda: self._once_everywhere(
                 inbound, compute))
         finally:
-            if not computed:  # exactly the calls self.once.hits counts
+            if not computed:  # answered by an in-flight or stored computation
                 metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
 
     async def _once_everywhere(self, inbound: Inbound, compute) -> Reply:
