@@ -139,6 +139,13 @@ class InferenceConfig:
     the cyclic garbage collector's reach (``gc.freeze()``), so full collections
     do not scan the model's millions of objects (tail-latency spikes otherwise).
 
+    ``device_processes``: 0 (default) runs the pool, batcher and tokenizer in
+    this process; N ≥ 1 starts N worker processes per device (per GPU of
+    ``devices``; on the CPU, N in all), each with its own tokenizer, batcher and
+    engines (``workers`` per process), and routes texts to them
+    (inference/process_pool.py). One Python process feeds one H200 at about
+    30k encodes/s; a process per GPU scales with the GPUs (docs/benchmarks.md).
+
     ``switch_interval_ms``: the interpreter's GIL switch interval
     (``sys.setswitchinterval``) set when the encoder starts; 0 keeps Python's 5 ms.
     A pool worker or the tokenizer thread coming back from GPU or Rust work may
@@ -164,6 +171,7 @@ class InferenceConfig:
     circuit_max_reset_s: float = 60.0
     gc_freeze: bool = True
     switch_interval_ms: float = 0.0
+    device_processes: int = 0
 
     def validate(self) -> None:
         """Check the inference keys; raises :class:`ConfigError` naming the key.
@@ -174,6 +182,8 @@ class InferenceConfig:
             raise ConfigError(f"config key 'inference.onnx_precision': {self.onnx_precision!r} is not auto|fp32|int8")
         if self.gpu_max_batch_size < 1 or self.circuit_failures < 1:
             raise ConfigError("config keys 'inference.gpu_max_batch_size' and 'inference.circuit_failures' must be >= 1")
+        if self.device_processes < 0:
+            raise ConfigError("config key 'inference.device_processes' must be >= 0 (0 = in this process)")
         if self.switch_interval_ms < 0:
             raise ConfigError("config key 'inference.switch_interval_ms' must be >= 0 (0 = Python's default)")
         if not 0 < self.circuit_reset_s <= self.circuit_max_reset_s:

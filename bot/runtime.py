@@ -19,7 +19,7 @@ from bot.handoff import HandoffManager
 from bot.knowledge import load_knowledge_base
 from bot.retrieval import Retriever
 from bot.store import open_store
-from inference.encoder import Encoder
+from inference.encoder import open_encoder
 
 log = structlog.get_logger("healthbot.runtime")
 
@@ -55,7 +55,7 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) ->
     store = await open_store(cfg.effective_store_url)
     if handoff is not None:
         handoff.store = store
-    encoder = await Encoder.create(cfg.inference, cfg.engines_path)
+    encoder = await open_encoder(cfg.inference, cfg.engines_path)
     try:
         retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
                                           model_digest=model_digest(cfg) + encoder.variant)

@@ -192,8 +192,10 @@ def ceiling_batches(windows: Sequence[Sequence[int]], max_batch_size: int, max_b
     return out
 
 
-def _engine_only(batches: list[list[Sequence[int]]], pad_id: int, seconds: float) -> Callable[[Any], dict[str, Any]]:
-    """A function for a worker thread: ``engine.infer`` over pre-padded batches in a loop."""
+def ceiling_run(batches: list[list[Sequence[int]]], pad_id: int, seconds: float) -> Callable[[Any], dict[str, Any]]:
+    """A function for a pool worker's thread: ``engine.infer`` over ``batches``
+    (padded once, beforehand) in a loop for ``seconds``; returns ``{"batch_size",
+    "seq_len", "calls", "median_ms" (per batch), "throughput" (windows/s), "gpu_memory_mib"}``."""
     from inference.pool import pad_batch
 
     padded = [pad_batch(b, pad_id) for b in batches]
@@ -233,6 +235,10 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
     from inference.pool import InferencePool
 
     ecfg = dataclasses.replace(cfg, onnx_precision=spec.precision or cfg.onnx_precision)
+    if ecfg.device_processes:
+        return await bench_processes(spec, ecfg, engines_dir, tokenizer, concurrencies=concurrencies,
+                                     run_seconds=run_seconds, texts=texts, ceiling_seconds=ceiling_seconds,
+                                     progress=progress, modes=modes)
     loader = _LOADERS[spec.name]
     devices = resolve_devices(ecfg.devices, spec.name)
     t0 = time.perf_counter()
@@ -264,22 +270,125 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
                              f"batch {r['mean_batch_size']}")
             finally:
                 await enc.batcher.close()
-        windows = [w for per in tokenizer.encode_batch(list(texts)) for w in per]
-        windows = [windows[i % len(windows)] for i in range(max(4 * batched_bs, len(windows)))]
-        batches = ceiling_batches(windows, batched_bs, ecfg.max_batch_tokens)
-        ceil = await pool.call_on_worker(_engine_only(batches, tokenizer.pad_id, ceiling_seconds))
-        info["gpu_memory_mib"] = ceil.pop("gpu_memory_mib")
-        if info["gpu_memory_mib"] is not None and len(pool.devices) > 0:
-            info["gpu_memory_note"] = "memory one engine added on its GPU at load (weights, graphs, buffers)"
-        runs.append({"engine": spec.name, "precision": precision, "batched": True, "concurrency": None,
-                     "engine_only": True, "throughput": ceil["throughput"], "p50_ms": ceil["median_ms"],
-                     "p99_ms": None, "batch_size": ceil["batch_size"], "seq_len": ceil["seq_len"],
-                     "calls": ceil["calls"]})
-        progress(f"{spec.name}/{precision} engine only, batches up to {ceil['batch_size']} x {ceil['seq_len']} "
-                 f"tokens: {ceil['throughput']:.0f}/s ({ceil['median_ms']:.2f} ms per batch)")
+        if ceiling_seconds > 0:
+            batches = _ceiling_batches_for(tokenizer, texts, batched_bs, ecfg.max_batch_tokens)
+            ceil = await pool.call_on_worker(ceiling_run(batches, tokenizer.pad_id, ceiling_seconds))
+            runs.append(_ceiling_record(spec, precision, info, [ceil], progress))
     finally:
         await pool.close()
     return info, runs
+
+
+def _ceiling_batches_for(tokenizer: Any, texts: Sequence[str], batch_size: int,
+                         max_batch_tokens: int) -> list[list[Sequence[int]]]:
+    windows = [w for per in tokenizer.encode_batch(list(texts)) for w in per]
+    windows = [windows[i % len(windows)] for i in range(max(4 * batch_size, len(windows)))]
+    return ceiling_batches(windows, batch_size, max_batch_tokens)
+
+
+def _ceiling_record(spec: EngineSpec, precision: str, info: dict, ceils: list[dict],
+                    progress: Callable[[str], None]) -> dict[str, Any]:
+    """Engine-only runs made at the same time (one per worker process; ``ceils``): throughputs summed."""
+    info["gpu_memory_mib"] = ceils[0].pop("gpu_memory_mib")
+    if info["gpu_memory_mib"] is not None:
+        info["gpu_memory_note"] = "memory one engine added on its GPU at load (weights, graphs, buffers)"
+    c0 = ceils[0]
+    total = round(sum(c["throughput"] for c in ceils), 1)
+    progress(f"{spec.name}/{precision} engine only, batches up to {c0['batch_size']} x {c0['seq_len']} tokens"
+             f"{f', {len(ceils)} processes at once' if len(ceils) > 1 else ''}: {total:.0f}/s "
+             f"({c0['median_ms']:.2f} ms per batch)")
+    return {"engine": spec.name, "precision": precision, "batched": True, "concurrency": None, "engine_only": True,
+            "throughput": total, "p50_ms": c0["median_ms"], "p99_ms": None, "batch_size": c0["batch_size"],
+            "seq_len": c0["seq_len"], "calls": sum(c["calls"] for c in ceils), "processes": len(ceils)}
+
+
+async def bench_processes(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path, tokenizer: Any, *,
+                          concurrencies: Sequence[int], run_seconds: float, texts: Sequence[str],
+                          ceiling_seconds: float, progress: Callable[[str], None],
+                          modes: Sequence[bool] = (True, False)) -> tuple[dict, list[dict]]:
+    """:func:`bench_engine` with ``inference.device_processes`` ≥ 1: the clients here call
+    :meth:`ProcessPoolEncoder.encode`, the worker processes tokenize, batch and run the
+    engine; the ceiling is every worker process's engine running alone at the same
+    time (no tokenizer, no batcher), summed.
+
+    Raises:
+        EngineError: a worker process could not load the engine.
+    """
+    from inference.process_pool import ProcessPoolEncoder
+
+    pcfg = dataclasses.replace(cfg, engine_order=[spec.name], fallback_engine="")
+    info: dict[str, Any] = {}
+    runs: list[dict] = []
+    for batched in modes:
+        bcfg = pcfg if batched else dataclasses.replace(pcfg, max_batch_size=1, gpu_max_batch_size=1)
+        t0 = time.perf_counter()
+        enc = await ProcessPoolEncoder.create(bcfg, engines_dir)
+        try:
+            precision = enc.info["precision"]
+            if not info:
+                info = {"engine": spec.name, "precision": precision, "processes": len(enc.workers),
+                        "workers": sum(int(w.info["engines"]) for w in enc.workers),
+                        "devices": [w.label for w in enc.workers], "load_seconds": round(time.perf_counter() - t0, 2)}
+            for text in texts[:WARMUP_REQUESTS]:
+                await enc.encode([text])
+            for c in concurrencies:
+                b0, r0 = await enc.batch_stats()
+                r = await drive(lambda t, enc=enc: enc.encode([t]), texts, c, run_seconds)
+                b1, r1 = await enc.batch_stats()
+                r["mean_batch_size"] = round((r1 - r0) / (b1 - b0), 2) if b1 > b0 else 0.0
+                runs.append({"engine": spec.name, "precision": precision, "batched": batched, "concurrency": c,
+                             "engine_only": False, "max_batch_size": enc.info["max_batch_size"],
+                             "max_queue_delay_ms": bcfg.max_queue_delay_ms, "processes": len(enc.workers), **r})
+                progress(f"{spec.name}/{precision} {'batched' if batched else 'unbatched'} c={c}, "
+                         f"{len(enc.workers)} processes: {r['throughput']:.0f}/s p50 {r['p50_ms']:.2f} ms "
+                         f"p99 {r['p99_ms']:.2f} ms batch {r['mean_batch_size']}")
+            if batched and ceiling_seconds > 0:
+                batches = _ceiling_batches_for(tokenizer, texts, int(enc.info["max_batch_size"]), bcfg.max_batch_tokens)
+                ceils = await asyncio.gather(*(enc.call(w, "engine_only", batches=batches, pad_id=tokenizer.pad_id,
+                                                        seconds=ceiling_seconds) for w in enc.workers))
+                runs.append(_ceiling_record(spec, precision, info, list(ceils), progress))
+        finally:
+            await enc.close()
+    return info, runs
+
+
+async def run_scaling(cfg: InferenceConfig, engines_dir: Path, spec: EngineSpec | str,
+                      concurrency_per_device: int = 256, run_seconds: float = DEFAULT_RUN_SECONDS,
+                      texts: Sequence[str] = QUESTIONS,
+                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Throughput on 1 device against all of ``cfg.devices`` (issue 9): the batched pool at
+    ``concurrency_per_device`` × devices clients (a closed loop keeps each device as busy
+    as the one-device run), same config otherwise.
+
+    Returns:
+        ``{"engine", "device_processes", "runs": [{"devices", "concurrency", "throughput",
+        "p50_ms", "p99_ms", "errors", ...}], "speedup"}`` (all devices / one device).
+
+    Raises:
+        EngineError: the engine does not load, or fewer than 2 devices are visible.
+    """
+    from inference.manager import resolve_devices
+    from inference.tokenizer import E5Tokenizer
+
+    emit = progress or (lambda line: None)
+    spec = EngineSpec.parse(spec) if isinstance(spec, str) else spec
+    devices = resolve_devices(cfg.devices, spec.name)
+    if len(devices) < 2:
+        raise EngineError(f"scaling needs 2 or more GPUs for {spec.name}; devices here: {devices}")
+    tokenizer = await asyncio.to_thread(E5Tokenizer.load, Path(engines_dir))
+    runs = []
+    for k in (1, len(devices)):
+        kcfg = dataclasses.replace(cfg, devices=[str(d) for d in devices[:k]])
+        c = concurrency_per_device * k
+        info, r = await bench_engine(spec, kcfg, Path(engines_dir), tokenizer, concurrencies=(c,),
+                                     run_seconds=run_seconds, texts=texts, ceiling_seconds=0.0, progress=emit,
+                                     modes=(True,))
+        runs.append({"devices": k, "device_list": info["devices"], **r[0]})
+    speedup = round(runs[-1]["throughput"] / runs[0]["throughput"], 2) if runs[0]["throughput"] else 0.0
+    emit(f"{spec.name}: {len(devices)} devices {runs[-1]['throughput']:.0f}/s (p99 {runs[-1]['p99_ms']:.2f} ms) vs "
+         f"1 device {runs[0]['throughput']:.0f}/s (p99 {runs[0]['p99_ms']:.2f} ms): {speedup}x")
+    return {"engine": spec.name, "device_processes": cfg.device_processes, "workers": cfg.workers,
+            "max_queue_delay_ms": cfg.max_queue_delay_ms, "runs": runs, "speedup": speedup}
 
 
 def default_engines(cfg: InferenceConfig) -> list[EngineSpec]:
@@ -391,7 +500,8 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     for info in result.get("engines", []):
         mem = f", GPU memory {info['gpu_memory_mib']} MiB" if info.get("gpu_memory_mib") else ""
-        lines.append(f"  {info['engine']}/{info['precision']}: {info['workers']} worker(s) on "
+        procs = f" in {info['processes']} worker processes" if info.get("processes") else ""
+        lines.append(f"  {info['engine']}/{info['precision']}: {info['workers']} engine(s){procs} on "
                      f"{', '.join(info['devices'])}, loaded in {info['load_seconds']} s{mem}")
     for name, why in result.get("skipped", {}).items():
         lines.append(f"  {name}: skipped ({why})")
@@ -408,6 +518,20 @@ def format_table(result: dict[str, Any]) -> str:
                      f"{r['mean_batch_size']:>6.2f} {r['requests']:>6} {r['errors']:>6}")
     lines += [f"{k}: {v}" for k, v in summarize(result).items()]
     lines.append(f"total {result.get('total_seconds')} s")
+    return "\n".join(lines)
+
+
+def format_scaling(result: dict[str, Any]) -> str:
+    """A plain-text table of :func:`run_scaling`'s result."""
+    lines = [f"{result['engine']}, batched, {result['workers']} engine(s) per "
+             f"{'process' if result['device_processes'] else 'device'}, "
+             f"{result['device_processes'] or 'no'} worker process(es) per device, "
+             f"max_queue_delay_ms {result['max_queue_delay_ms']}",
+             f"{'devices':<22} {'conc':>5} {'encodes/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} {'errors':>6}"]
+    for r in result["runs"]:
+        lines.append(f"{','.join(r['device_list']):<22} {r['concurrency']:>5} {r['throughput']:>10.1f} "
+                     f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['mean_batch_size']:>6.2f} {r['errors']:>6}")
+    lines.append(f"speed-up, all devices / one: {result['speedup']}x")
     return "\n".join(lines)
 
 
@@ -552,6 +676,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="comma list of concurrent clients")
     ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                     help="event loop (auto: uvloop when installed)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="instead: batched throughput on 1 GPU against all GPUs of inference.devices, with "
+                         "the last --concurrency value of clients per GPU")
     ap.add_argument("--memory", type=int, metavar="N", default=0,
                     help="instead: RSS over N encodes of random lengths 1..512 (the memory check)")
 
@@ -590,6 +717,15 @@ def run_cli(args: argparse.Namespace, cfg: InferenceConfig, engines_dir: Path) -
         return 0
     engines = [EngineSpec.parse(e) for e in args.engines.split(",")] if args.engines else None
     concs = tuple(int(c) for c in str(args.concurrency).split(","))
+    if args.scaling:
+        spec = (engines or default_engines(cfg))[0]
+        try:
+            result = run_async(run_scaling(cfg, engines_dir, spec, concs[-1], args.seconds, progress=progress), factory)
+        except EngineError as exc:
+            print(f"scaling: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(result, ensure_ascii=False) if args.json else format_scaling(result))
+        return 0
     result = run_async(run_bench(cfg, engines_dir, concs, args.seconds, engines=engines, progress=progress), factory)
     print(json.dumps(result, ensure_ascii=False) if args.json else format_table(result))
     if args.plot:

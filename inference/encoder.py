@@ -18,7 +18,7 @@ import asyncio
 import gc
 import sys
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 import structlog
@@ -28,7 +28,10 @@ from inference.batcher import DynamicBatcher, combine_windows
 from inference.manager import ModelManager
 from inference.pool import InferencePool
 
-__all__ = ["Encoder", "batcher_for", "combine_windows", "MANIFEST_FILE"]
+__all__ = ["Encoder", "batcher_for", "combine_windows", "open_encoder", "MANIFEST_FILE"]
+
+if TYPE_CHECKING:
+    from inference.process_pool import ProcessPoolEncoder
 
 log = structlog.get_logger("healthbot.inference.encoder")
 
@@ -134,6 +137,22 @@ class Encoder:
         """Drain the batcher (pending requests finish), then stop the pools."""
         await self.batcher.close()
         await self.pool.close()
+
+
+async def open_encoder(cfg: InferenceConfig, engines_dir: Path) -> Encoder | ProcessPoolEncoder:
+    """The encoder serving uses: :meth:`Encoder.create` in this process, or with
+    ``cfg.device_processes`` ≥ 1 a :class:`~inference.process_pool.ProcessPoolEncoder`
+    (worker processes per device). Both offer ``encode``, ``close``, ``engine_name``,
+    ``variant`` and ``dim``.
+
+    Raises:
+        FileNotFoundError: the model is not prepared; EngineError: no engine could be loaded.
+    """
+    if cfg.device_processes:
+        from inference.process_pool import ProcessPoolEncoder
+
+        return await ProcessPoolEncoder.create(cfg, engines_dir)
+    return await Encoder.create(cfg, engines_dir)
 
 
 def apply_process_settings(cfg: InferenceConfig) -> None:

@@ -657,6 +657,74 @@ def process_per_gpu(carry: Path, seconds: float, rec: Recorder, gpus: int, cpu: 
     return {"per_process": runs, "total_throughput": total}
 
 
+def materialize_engines_dir(carry: Path, dest: Path = REPO / "engines") -> Path:
+    """A prepared-model folder ``healthbot bench`` loads unpatched (``model.onnx`` exported
+    by ``inference.prepare.export_onnx`` from the carried weights: real encoder layers and
+    the rows of every token the bench texts use, other rows random), kept when it exists."""
+    if (dest / "model.onnx").is_file():
+        return dest
+    from inference.prepare import export_onnx
+
+    bert, _ = load_carried_bert(carry)
+    tmp = unpack_engines_dir(carry)
+    export_onnx(bert, tmp / "model.onnx")
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in tmp.iterdir():
+        shutil.move(str(f), dest / f.name)
+    return dest
+
+
+#: ``healthbot bench`` runs (``python -m inference.bench``, the same entry point), per plan:
+#: (label, HEALTHBOT_INFERENCE_* overrides, arguments).
+CLI_PLANS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
+    "scaling": [
+        ("scaling-in-process-w2", {"DEVICE_PROCESSES": "0", "WORKERS": "2"}, ["--scaling", "--concurrency", "256"]),
+        ("scaling-1proc-w2", {"DEVICE_PROCESSES": "1", "WORKERS": "2"}, ["--scaling", "--concurrency", "256"]),
+        ("scaling-2proc-w1", {"DEVICE_PROCESSES": "2", "WORKERS": "1"}, ["--scaling", "--concurrency", "256"]),
+    ],
+    "single": [
+        ("gpu0-2proc-w1", {"DEVICES": "0", "DEVICE_PROCESSES": "2", "WORKERS": "1"}, ["--concurrency", "1,32,256"]),
+        ("gpu0-3proc-w1", {"DEVICES": "0", "DEVICE_PROCESSES": "3", "WORKERS": "1"}, ["--concurrency", "256"]),
+        ("gpu0-1proc-w2", {"DEVICES": "0", "DEVICE_PROCESSES": "1", "WORKERS": "2"}, ["--concurrency", "256"]),
+    ],
+}
+CLI_COMMON = {"MAX_QUEUE_DELAY_MS": "0", "MAX_QUEUE_SIZE": "8192", "SWITCH_INTERVAL_MS": "0.5"}
+
+
+def cli_bench(carry: Path, out: Path, seconds: float, rec: Recorder, plans: list[str], cpu: bool = False) -> dict:
+    """The ``healthbot bench`` runs of ``CLI_PLANS[plan]`` as subprocesses (``--json``); tables logged,
+    a PNG per full bench under ``out``."""
+    from inference import bench
+
+    engines_dir = REPO / "engines" if cpu else materialize_engines_dir(carry)
+    results = {}
+    for plan in plans:
+        for label, overrides, args in CLI_PLANS[plan]:
+            env = dict(os.environ, PYTHONUNBUFFERED="1", HEALTHBOT_INFERENCE_ENGINES_DIR=str(engines_dir))
+            env.update({f"HEALTHBOT_INFERENCE_{k}": v for k, v in {**CLI_COMMON, **overrides}.items()})
+            cmd = [sys.executable, "-m", "inference.bench", "--json", "--seconds", str(seconds),
+                   "--engines", "onnxruntime" if cpu else "torch_cuda", *args]
+            if cpu:
+                env["HEALTHBOT_INFERENCE_DEVICES"] = "all"
+            rec.log(f"    {label}: {' '.join(f'HEALTHBOT_INFERENCE_{k}={v}' for k, v in overrides.items())} "
+                    f"{' '.join(cmd[1:])}")
+            proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
+            for line in proc.stderr.splitlines()[-40:]:
+                rec.log(f"      {line}")
+            if proc.returncode != 0:
+                results[label] = {"error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
+                continue
+            res = json.loads(proc.stdout)
+            results[label] = res
+            if "--scaling" in args:
+                rec.log(bench.format_scaling(res))
+            else:
+                rec.log(bench.format_table(res))
+                with contextlib.suppress(Exception):
+                    bench.write_plot(res, out / f"bench-{label}.png")
+    return results
+
+
 FRONTEND_PLAN = [  # (loop, GIL switch interval ms, tokenize inline up to)
     ("uvloop", 5.0, None), ("uvloop", 0.5, None), ("uvloop", 0.1, None), ("uvloop", 0.5, 10**9), ("asyncio", 0.5, None)]
 
@@ -870,6 +938,9 @@ def run(carry: Path, out: Path, seconds: float, device: str, steps=ALL_STEPS) ->
     if "procs" in want:
         rec.step("process_per_gpu_1", lambda: process_per_gpu(carry, seconds, rec, 1, quick))
         rec.step("process_per_gpu_2", lambda: process_per_gpu(carry, seconds, rec, 2, quick))
+    for plan in CLI_PLANS:
+        if f"cli-{plan}" in want:
+            rec.step(f"cli_{plan}", lambda plan=plan: cli_bench(carry, out, seconds, rec, [plan], quick))
     if "multigpu" in want:
         patch_torch_cuda_loader(bert, meta, gpu)
         rec.step("multi_gpu_bench", lambda: multi_gpu_bench(engines_dir, seconds, rec))
@@ -957,7 +1028,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     r.add_argument("--steps", default=",".join(ALL_STEPS),
                    help="comma list of: parity, latency, memory, memory_caps, gpu_time, frontend, pool, "
-                        "pool_uvloop, tensorrt, pytest; and (new front end) accuracy, frontend_null, bench, fault")
+                        "pool_uvloop, tensorrt, pytest; and (new front end) accuracy, frontend_null, bench, fault; "
+                        "procs, multigpu; cli-scaling, cli-single (healthbot bench runs, CLI_PLANS)")
     args = ap.parse_args(argv)
     if args.cmd == "pack":
         pack(args.engines_dir, args.out)

@@ -1,0 +1,531 @@
+"""Encoder over worker processes: one process (or more) per device, each with its own
+tokenizer, dynamic batcher and engine pool (``inference.device_processes``, issues 6 and 9).
+
+Why: one Python process tops out at 35-38k short texts/s in its front end (event
+loop, batcher, tokenizer; measured on the H200 with an engine that does nothing,
+docs/benchmarks.md), below what one H200 computes; a second GPU driven from the
+same process added 17 %. Here this process only routes: texts submitted during
+one event-loop iteration travel as ONE message (pickle, protocol 5, over a Unix
+socket pair) to the worker process with the fewest texts in flight, which
+embeds them with a full :class:`~inference.encoder.Encoder` pinned to its
+device (its own model manager, so its own CPU fallback and circuit breaker) and
+answers float32[N, 384] in one message.
+
+Worker processes are this module run as ``python -m inference.process_pool --fd N``
+(a fresh interpreter: CUDA is never initialised before a fork). Messages, each a
+4-byte little-endian length and a pickle:
+
+- parent → worker: ``("init", {...})`` once; ``("encode", id, prefix, texts)``;
+  ``("call", id, name, kwargs)`` (``stats``, ``engine_only``: the bench);
+  ``("close",)``.
+- worker → parent: ``("ready", info)`` or ``("failed", message)`` once;
+  ``("ok", id, engine_name, float32[N, D])``; ``("err", id, kind, message)``;
+  ``("result", id, value)``.
+
+A worker that exits or breaks its socket is logged, its texts in flight are sent
+again to a live worker (none lost while one is left), and it is started again
+after 1 s, doubling up to 30 s while it keeps failing. A worker gone silent is
+caught by the deadline sweep (``inference.deadline_ms`` + 1 s). A worker whose
+parent dies reads end-of-file and exits.
+
+What this mode does not give: the worker processes' own Prometheus metrics
+(batch sizes, engine time) are not on the parent's ``/metrics``; the parent
+records ``healthbot_inference_workers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import pickle
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import structlog
+
+from bot import metrics
+from bot.config import InferenceConfig
+from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded
+from inference.engines.base import EngineError
+
+log = structlog.get_logger("healthbot.inference.process_pool")
+
+_HEADER = struct.Struct("<I")
+#: Texts per message at most: a flush with more pending spreads them over workers.
+MAX_TEXTS_PER_MESSAGE = 128
+#: Seconds a worker may take to load its engines (graph capture, engine files).
+START_TIMEOUT_S = 600.0
+#: Restart back-off of a worker that exited (seconds; doubles up to the max).
+RESTART_S, MAX_RESTART_S = 1.0, 30.0
+#: Extra wait beyond ``deadline_ms`` before the parent gives up on a silent worker (seconds).
+SILENT_GRACE_S = 1.0
+
+_ERRORS: dict[str, type[Exception]] = {"BusyError": BusyError, "BatcherClosed": BatcherClosed,
+                                       "DeadlineExceeded": DeadlineExceeded, "EngineError": EngineError}
+
+
+def _frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=5)
+    return _HEADER.pack(len(data)) + data
+
+
+async def _read(reader: asyncio.StreamReader) -> Any:
+    """One message; raises ``asyncio.IncompleteReadError`` at end of file."""
+    (n,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    return pickle.loads(await reader.readexactly(n))
+
+
+@dataclass(eq=False)
+class _Message:
+    """Texts sent together; ``calls`` are ``(future, first row, rows)`` per ``encode`` call."""
+
+    prefix: str
+    texts: list[str]
+    calls: list[tuple[asyncio.Future, int, int]]
+    sent_at: float = 0.0
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    device: int | None
+    process: asyncio.subprocess.Process | None = None
+    writer: asyncio.StreamWriter | None = None
+    reader_task: asyncio.Task | None = None
+    alive: bool = False
+    info: dict = field(default_factory=dict)
+    engine_name: str = ""
+    in_flight: dict[int, _Message] = field(default_factory=dict)
+    texts_in_flight: int = 0
+    calls: dict[int, asyncio.Future] = field(default_factory=dict)
+    restart_s: float = RESTART_S
+    restarts: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{'cpu' if self.device is None else f'cuda:{self.device}'}#{self.index}"
+
+
+def plan_devices(cfg: InferenceConfig) -> list[int | None]:
+    """The device of each worker process: ``cfg.device_processes`` per visible GPU of
+    ``cfg.devices`` when a GPU engine is in ``cfg.engine_order`` and a GPU is visible,
+    else that many on the CPU (``None``).
+
+    Raises:
+        EngineError: ``cfg.devices`` names a GPU that is not visible.
+    """
+    from inference.manager import GPU_ENGINES, resolve_devices, visible_gpu_count
+
+    gpu = next((e for e in cfg.engine_order if e in GPU_ENGINES), None)
+    devices: list[int | None] = [None]
+    if gpu is not None and visible_gpu_count() > 0:
+        devices = list(resolve_devices(cfg.devices, gpu))
+    return [d for d in devices for _ in range(cfg.device_processes)]
+
+
+class ProcessPoolEncoder:
+    """Embeds texts in worker processes (module doc); the interface of
+    :class:`~inference.encoder.Encoder` that serving uses: :meth:`encode`,
+    :meth:`close`, ``engine_name``, ``variant``, ``dim``.
+
+    Build with :meth:`create`. Attributes: ``workers`` (the processes), ``info``
+    (the first worker's ``ready`` report: engine, precision, dim, variant,
+    engines per process, device, GPU memory).
+    """
+
+    def __init__(self, cfg: InferenceConfig, engines_dir: Path) -> None:
+        self.cfg = cfg
+        self.engines_dir = Path(engines_dir).resolve()
+        self.workers = [_Worker(i, d) for i, d in enumerate(plan_devices(cfg))]
+        self.info: dict = {}
+        self.dim = 0
+        self._pending: list[tuple[str, list[str], asyncio.Future]] = []
+        self._flush_scheduled = False
+        self._next_id = 0
+        self._closing = False
+        self._tasks: set[asyncio.Task] = set()
+        self._sweeper: asyncio.Task | None = None
+        self._engines = 0
+
+    # ------------------------------------------------------------------ start
+    @classmethod
+    async def create(cls, cfg: InferenceConfig, engines_dir: Path) -> ProcessPoolEncoder:
+        """Start ``cfg.device_processes`` worker processes per device and wait until each is ready.
+
+        Raises:
+            FileNotFoundError: the model is not prepared (``healthbot prepare-model``).
+            EngineError: a worker could not load an engine (its message), or the devices are invalid.
+        """
+        if not (Path(engines_dir) / "manifest.json").is_file():
+            raise FileNotFoundError(f"{Path(engines_dir) / 'manifest.json'} missing: run 'healthbot prepare-model'")
+        self = cls(cfg, engines_dir)
+        results = await asyncio.gather(*(self._spawn(w) for w in self.workers), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(self._stop(w) for w in self.workers))
+            raise failed[0] if isinstance(failed[0], EngineError) else EngineError(str(failed[0]))
+        self.info = self.workers[0].info
+        self.dim = int(self.info["dim"])
+        self._engines = sum(int(w.info.get("engines", 1)) for w in self.workers)
+        metrics.INFERENCE_WORKERS.labels(engine=self.info["engine"]).inc(self._engines)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        log.info("process_pool_ready", processes=len(self.workers), engine=self.info["engine"],
+                 devices=[w.label for w in self.workers], pids=[w.info.get("pid") for w in self.workers])
+        return self
+
+    async def _spawn(self, w: _Worker) -> None:
+        """Start ``w``'s process, send ``init``, wait for ``ready``. Raises EngineError."""
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            w.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "inference.process_pool", "--fd", str(child_sock.fileno()),
+                pass_fds=(child_sock.fileno(),), env=_child_env())
+        finally:
+            child_sock.close()
+        reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
+        w.writer = writer
+        cfg = dataclasses.replace(self.cfg, devices=[str(w.device)] if w.device is not None else self.cfg.devices,
+                                  device_processes=0)
+        writer.write(_frame(("init", {"cfg": dataclasses.asdict(cfg), "engines_dir": str(self.engines_dir),
+                                      "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())})))
+        try:
+            msg = await asyncio.wait_for(_read(reader), START_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
+            await self._stop(w)
+            raise EngineError(f"inference worker {w.label} did not start "
+                              f"(exit code {w.process.returncode}; see its log above): {exc!r}") from None
+        if msg[0] != "ready":
+            await self._stop(w)
+            raise EngineError(f"inference worker {w.label}: {msg[1]}")
+        w.info, w.engine_name, w.alive = msg[1], msg[1]["engine"], True
+        w.restart_s = RESTART_S
+        w.reader_task = asyncio.get_running_loop().create_task(self._read_loop(w, reader))
+
+    # ------------------------------------------------------------------ state
+    @property
+    def engine_name(self) -> str:
+        """The engine the first live worker served its last batch with (its CPU fallback's
+        name while its circuit is open)."""
+        return next((w.engine_name for w in self.workers if w.alive), self.info["engine"])
+
+    @property
+    def variant(self) -> str:
+        """``"<engine>/<precision>"`` of the workers' primary engine (cache key of stored vectors)."""
+        return str(self.info["variant"])
+
+    @property
+    def alive(self) -> list[_Worker]:
+        return [w for w in self.workers if w.alive]
+
+    # ------------------------------------------------------------------ encode
+    async def encode(self, texts: list[str], prefix: str = "query: ") -> np.ndarray:
+        """Embed ``texts`` in a worker process.
+
+        Returns:
+            float32[N, D] (D = 384), rows L2-normalized; float32[0, D] for no texts.
+
+        Raises:
+            BatcherClosed: the encoder is closing.
+            BusyError / DeadlineExceeded / EngineError: as the worker's
+                :meth:`Encoder.encode` raised them; EngineError also when no worker
+                process is alive.
+        """
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self._closing:
+            raise BatcherClosed("inference is shutting down: retry on another replica or after restart")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._pending.append((prefix, list(texts), fut))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        """Send everything submitted since the last flush, spread evenly over the live
+        workers in messages of at most :data:`MAX_TEXTS_PER_MESSAGE` texts, each to the
+        live worker with the fewest texts in flight."""
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, []
+        by_prefix: dict[str, list[tuple[list[str], asyncio.Future]]] = {}
+        for prefix, texts, fut in pending:
+            if not fut.done():
+                by_prefix.setdefault(prefix, []).append((texts, fut))
+        live = max(1, len(self.alive))
+        for prefix, items in by_prefix.items():
+            total = sum(len(texts) for texts, _ in items)
+            per = min(MAX_TEXTS_PER_MESSAGE, -(-total // live))
+            msg = _Message(prefix, [], [])
+            for texts, fut in items:
+                if msg.texts and len(msg.texts) + len(texts) > per:
+                    self._send(msg)
+                    msg = _Message(prefix, [], [])
+                msg.calls.append((fut, len(msg.texts), len(texts)))
+                msg.texts += texts
+            self._send(msg)
+
+    def _send(self, msg: _Message) -> None:
+        live = self.alive
+        if not live:
+            _fail(msg, EngineError("no inference worker process is running (restarting; see the log)"))
+            return
+        w = min(live, key=lambda x: x.texts_in_flight)
+        self._next_id += 1
+        msg.sent_at = time.monotonic()
+        w.in_flight[self._next_id] = msg
+        w.texts_in_flight += len(msg.texts)
+        w.writer.write(_frame(("encode", self._next_id, msg.prefix, msg.texts)))
+
+    async def _read_loop(self, w: _Worker, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                m = await _read(reader)
+                kind = m[0]
+                if kind == "ok":
+                    msg = w.in_flight.pop(m[1], None)
+                    if msg is None:
+                        continue
+                    w.texts_in_flight -= len(msg.texts)
+                    w.engine_name = m[2]
+                    vectors = m[3]
+                    for fut, start, n in msg.calls:
+                        if not fut.done():
+                            fut.set_result(vectors[start:start + n])
+                elif kind == "err":
+                    msg = w.in_flight.pop(m[1], None)
+                    if msg is not None:
+                        w.texts_in_flight -= len(msg.texts)
+                        _fail(msg, _ERRORS.get(m[2], EngineError)(m[3]))
+                elif kind == "result":
+                    fut = w.calls.pop(m[1], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(m[2])
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, pickle.UnpicklingError) as exc:
+            if not self._closing:
+                await self._on_exit(w, exc)
+
+    async def _on_exit(self, w: _Worker, exc: BaseException) -> None:
+        """``w`` broke: resend its texts, fail its calls, restart it in the background."""
+        w.alive = False
+        code = None
+        if w.process is not None:
+            try:
+                code = await asyncio.wait_for(w.process.wait(), 2.0)
+            except TimeoutError:
+                w.process.kill()
+        log.error("inference_worker_exited", worker=w.label, exit_code=code, error=repr(exc),
+                  resent_texts=w.texts_in_flight, restart_in_s=w.restart_s, alive=[x.label for x in self.alive])
+        lost, w.in_flight, w.texts_in_flight = list(w.in_flight.values()), {}, 0
+        for msg in lost:
+            self._send(msg)
+        for fut in w.calls.values():
+            if not fut.done():
+                fut.set_exception(EngineError(f"inference worker {w.label} exited"))
+        w.calls.clear()
+        self._background(self._restart(w))
+
+    async def _restart(self, w: _Worker) -> None:
+        while not self._closing and not w.alive:
+            await asyncio.sleep(w.restart_s)
+            if self._closing:
+                return
+            try:
+                await self._spawn(w)
+            except EngineError as exc:
+                w.restart_s = min(w.restart_s * 2, MAX_RESTART_S)
+                log.error("inference_worker_restart_failed", worker=w.label, error=str(exc), retry_in_s=w.restart_s)
+                continue
+            w.restarts += 1
+            log.warning("inference_worker_restarted", worker=w.label, pid=w.info.get("pid"), restarts=w.restarts)
+
+    async def _sweep(self) -> None:
+        """Fail texts a live worker has not answered within ``deadline_ms`` + :data:`SILENT_GRACE_S`."""
+        limit = self.cfg.deadline_ms / 1000.0 + SILENT_GRACE_S
+        while not self._closing:
+            await asyncio.sleep(min(0.25, limit / 4))
+            now = time.monotonic()
+            for w in self.alive:
+                for mid in [mid for mid, msg in w.in_flight.items() if now - msg.sent_at > limit]:
+                    msg = w.in_flight.pop(mid)
+                    w.texts_in_flight -= len(msg.texts)
+                    log.error("inference_worker_silent", worker=w.label, texts=len(msg.texts), waited_s=round(limit, 2))
+                    _fail(msg, DeadlineExceeded(f"inference worker {w.label} did not answer within {limit:.1f} s"))
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ calls
+    async def call(self, worker: _Worker, name: str, **kwargs: Any) -> Any:
+        """Run ``name`` (``stats`` | ``engine_only``) in ``worker`` and return its result.
+
+        Raises:
+            EngineError: the worker is not running or exited meanwhile; whatever the call raised.
+        """
+        if not worker.alive:
+            raise EngineError(f"inference worker {worker.label} is not running")
+        self._next_id += 1
+        fut = asyncio.get_running_loop().create_future()
+        worker.calls[self._next_id] = fut
+        worker.writer.write(_frame(("call", self._next_id, name, kwargs)))
+        result = await fut
+        if isinstance(result, dict) and "error" in result:
+            raise EngineError(f"{name} in {worker.label}: {result['error']}")
+        return result
+
+    async def batch_stats(self) -> tuple[int, int]:
+        """``(batches run, windows run)`` summed over the live workers' batchers."""
+        got = await asyncio.gather(*(self.call(w, "stats") for w in self.alive))
+        return sum(g[0] for g in got), sum(g[1] for g in got)
+
+    # ------------------------------------------------------------------ close
+    async def close(self) -> None:
+        """Answer the texts in flight, then stop every worker (``close``; killed after 30 s). Idempotent."""
+        if self._closing:
+            return
+        self._flush()
+        for _ in range(int(self.cfg.deadline_ms / 10) + 100):
+            if not any(w.in_flight for w in self.alive):
+                break
+            await asyncio.sleep(0.01)
+        self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*(self._stop(w) for w in self.workers))
+        metrics.INFERENCE_WORKERS.labels(engine=self.info["engine"]).dec(self._engines)
+
+    async def _stop(self, w: _Worker) -> None:
+        w.alive = False
+        if w.writer is not None:
+            try:
+                w.writer.write(_frame(("close",)))
+                await w.writer.drain()
+            except (ConnectionError, OSError, RuntimeError):
+                pass
+        if w.process is not None and w.process.returncode is None:
+            try:
+                await asyncio.wait_for(w.process.wait(), 30.0)
+            except TimeoutError:
+                log.error("inference_worker_killed", worker=w.label, reason="no exit 30 s after close")
+                w.process.kill()
+                await w.process.wait()
+        if w.writer is not None:
+            w.writer.close()
+        if w.reader_task is not None:
+            w.reader_task.cancel()
+        for msg in w.in_flight.values():
+            _fail(msg, BatcherClosed("inference is shutting down"))
+        w.in_flight.clear()
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with this checkout first on ``PYTHONPATH`` (so ``-m inference.process_pool``
+    imports this code whatever the working directory)."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _fail(msg: _Message, exc: Exception) -> None:
+    for fut, _, _ in msg.calls:
+        if not fut.done():
+            fut.set_exception(exc)
+
+
+# --------------------------------------------------------------------------- worker process
+async def _serve(sock: socket.socket) -> int:
+    """The worker: load an :class:`Encoder` from ``init``, then answer messages until
+    ``close`` or end of file. Exit code 0, or 1 when the encoder could not load."""
+    from bot.logs import configure_logging
+    from inference.bench import ceiling_run
+    from inference.encoder import Encoder
+
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    _, init = await _read(reader)
+    configure_logging(init.get("log_level") or "INFO")
+    fields = {f.name for f in dataclasses.fields(InferenceConfig)}
+    cfg = InferenceConfig(**{k: v for k, v in init["cfg"].items() if k in fields})
+    try:
+        encoder = await Encoder.create(cfg, Path(init["engines_dir"]))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises EngineError
+        writer.write(_frame(("failed", f"{type(exc).__name__}: {exc}")))
+        await writer.drain()
+        return 1
+    primary = encoder.pool.primary
+    writer.write(_frame(("ready", {
+        "engine": encoder.engine_name, "precision": primary.precision, "variant": encoder.variant,
+        "dim": encoder.dim, "engines": primary.workers, "pid": os.getpid(),
+        "devices": ["cpu" if d is None else f"cuda:{d}" for d in primary.devices],
+        "max_batch_size": encoder.batcher.max_batch_size})))
+    tasks: set[asyncio.Task] = set()
+
+    async def encode(mid: int, prefix: str, texts: list[str]) -> None:
+        try:
+            vectors = await encoder.encode(texts, prefix)
+            reply = ("ok", mid, encoder.engine_name, vectors)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
+            reply = ("err", mid, type(exc).__name__ if type(exc).__name__ in _ERRORS else "EngineError", str(exc))
+        writer.write(_frame(reply))
+
+    async def call(mid: int, name: str, kwargs: dict) -> None:
+        try:
+            if name == "stats":
+                result: Any = (encoder.batcher.stats.batches_run, encoder.batcher.stats.requests_run)
+            elif name == "engine_only":
+                result = await encoder.pool.call_on_worker(ceiling_run(**kwargs))
+            else:
+                result = {"error": f"unknown call {name!r}"}
+        except Exception as exc:  # noqa: BLE001
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        writer.write(_frame(("result", mid, result)))
+
+    try:
+        while True:
+            try:
+                m = await _read(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break  # the parent is gone
+            if m[0] == "close":
+                break
+            task = asyncio.get_running_loop().create_task(encode(*m[1:]) if m[0] == "encode" else call(*m[1:]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+    finally:
+        await encoder.close()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await writer.drain()
+            writer.close()
+        except (ConnectionError, OSError):
+            pass
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m inference.process_pool --fd N``: a worker process (started by :class:`ProcessPoolEncoder`)."""
+    ap = argparse.ArgumentParser(description="healthbot inference worker process (started by the server)")
+    ap.add_argument("--fd", type=int, required=True, help="the socket to the parent process")
+    args = ap.parse_args(argv)
+    from inference.bench import loop_factory, run_async
+
+    sock = socket.socket(fileno=args.fd)
+    return run_async(_serve(sock), loop_factory("auto"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
