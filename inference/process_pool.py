@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import logging
 import os
 import pickle
@@ -62,6 +63,9 @@ log = structlog.get_logger("healthbot.inference.process_pool")
 _HEADER = struct.Struct("<I")
 #: Texts per message at most: a flush with more pending spreads them over workers.
 MAX_TEXTS_PER_MESSAGE = 128
+#: Messages a worker embeds with one ``encode`` call at most (≤ 4 × 128 texts, so a
+#: group stays well inside ``inference.max_queue_size``'s default 1024 windows).
+MAX_MESSAGES_PER_ENCODE = 4
 #: Seconds a worker may take to load its engines (graph capture, engine files).
 START_TIMEOUT_S = 600.0
 #: Restart back-off of a worker that exited (seconds; doubles up to the max).
@@ -142,8 +146,9 @@ class ProcessPoolEncoder:
     engines per process, device, GPU memory).
     """
 
-    def __init__(self, cfg: InferenceConfig, engines_dir: Path) -> None:
+    def __init__(self, cfg: InferenceConfig, engines_dir: Path, encoder_factory: str = "") -> None:
         self.cfg = cfg
+        self.encoder_factory = encoder_factory
         self.engines_dir = Path(engines_dir).resolve()
         self.workers = [_Worker(i, d) for i, d in enumerate(plan_devices(cfg))]
         self.info: dict = {}
@@ -158,8 +163,12 @@ class ProcessPoolEncoder:
 
     # ------------------------------------------------------------------ start
     @classmethod
-    async def create(cls, cfg: InferenceConfig, engines_dir: Path) -> ProcessPoolEncoder:
+    async def create(cls, cfg: InferenceConfig, engines_dir: Path, encoder_factory: str = "") -> ProcessPoolEncoder:
         """Start ``cfg.device_processes`` worker processes per device and wait until each is ready.
+
+        ``encoder_factory``: ``"module:function"``, an async ``function(cfg, engines_dir)``
+        the workers build their encoder with instead of :meth:`Encoder.create` (tests,
+        and the bench of this process's own cost with an engine that does nothing).
 
         Raises:
             FileNotFoundError: the model is not prepared (``healthbot prepare-model``).
@@ -167,7 +176,7 @@ class ProcessPoolEncoder:
         """
         if not (Path(engines_dir) / "manifest.json").is_file():
             raise FileNotFoundError(f"{Path(engines_dir) / 'manifest.json'} missing: run 'healthbot prepare-model'")
-        self = cls(cfg, engines_dir)
+        self = cls(cfg, engines_dir, encoder_factory)
         results = await asyncio.gather(*(self._spawn(w) for w in self.workers), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -196,6 +205,7 @@ class ProcessPoolEncoder:
         cfg = dataclasses.replace(self.cfg, devices=[str(w.device)] if w.device is not None else self.cfg.devices,
                                   device_processes=0)
         writer.write(_frame(("init", {"cfg": dataclasses.asdict(cfg), "engines_dir": str(self.engines_dir),
+                                      "encoder_factory": self.encoder_factory,
                                       "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())})))
         try:
             msg = await asyncio.wait_for(_read(reader), START_TIMEOUT_S)
@@ -436,6 +446,11 @@ def _child_env() -> dict[str, str]:
     imports this code whatever the working directory)."""
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
+    # The fast tokenizer's thread pool (rayon, one thread per core in EVERY worker)
+    # costs more than it saves on a few short queries per call, and several workers'
+    # pools fight over the cores: on the 32-core H200 host an encode_batch of ~13
+    # texts took 167 µs with it on (docs/benchmarks.md). An operator's setting wins.
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
@@ -459,27 +474,55 @@ async def _serve(sock: socket.socket) -> int:
     configure_logging(init.get("log_level") or "INFO")
     fields = {f.name for f in dataclasses.fields(InferenceConfig)}
     cfg = InferenceConfig(**{k: v for k, v in init["cfg"].items() if k in fields})
+    create = Encoder.create
+    if init.get("encoder_factory"):  # tests and the front-end bench: "module:function"
+        module, _, name = init["encoder_factory"].partition(":")
+        create = getattr(importlib.import_module(module), name)
     try:
-        encoder = await Encoder.create(cfg, Path(init["engines_dir"]))
+        encoder = await create(cfg, Path(init["engines_dir"]))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises EngineError
         writer.write(_frame(("failed", f"{type(exc).__name__}: {exc}")))
         await writer.drain()
         return 1
-    primary = encoder.pool.primary
+    primary = getattr(encoder.pool, "primary", encoder.pool)  # a ModelManager, or a bare pool
     writer.write(_frame(("ready", {
         "engine": encoder.engine_name, "precision": primary.precision, "variant": encoder.variant,
         "dim": encoder.dim, "engines": primary.workers, "pid": os.getpid(),
         "devices": ["cpu" if d is None else f"cuda:{d}" for d in primary.devices],
         "max_batch_size": encoder.batcher.max_batch_size})))
     tasks: set[asyncio.Task] = set()
+    loop = asyncio.get_running_loop()
+    inbox: list[tuple[int, str, list[str]]] = []
 
-    async def encode(mid: int, prefix: str, texts: list[str]) -> None:
+    def spawn(coro: Any) -> None:
+        task = loop.create_task(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def drain() -> None:
+        # Every message read since the last drain (all that were buffered while this
+        # loop was busy) is embedded with ONE encode per prefix: one tokenizer call.
+        groups: dict[str, list[tuple[int, list[str]]]] = {}
+        for mid, prefix, texts in inbox:
+            groups.setdefault(prefix, []).append((mid, texts))
+        inbox.clear()
+        for prefix, items in groups.items():
+            for start in range(0, len(items), MAX_MESSAGES_PER_ENCODE):
+                spawn(encode(prefix, items[start:start + MAX_MESSAGES_PER_ENCODE]))
+
+    async def encode(prefix: str, items: list[tuple[int, list[str]]]) -> None:
+        texts = [t for _, ts in items for t in ts]
         try:
             vectors = await encoder.encode(texts, prefix)
-            reply = ("ok", mid, encoder.engine_name, vectors)
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
-            reply = ("err", mid, type(exc).__name__ if type(exc).__name__ in _ERRORS else "EngineError", str(exc))
-        writer.write(_frame(reply))
+            kind = type(exc).__name__ if type(exc).__name__ in _ERRORS else "EngineError"
+            for mid, _ in items:
+                writer.write(_frame(("err", mid, kind, str(exc))))
+            return
+        row = 0
+        for mid, ts in items:
+            writer.write(_frame(("ok", mid, encoder.engine_name, vectors[row:row + len(ts)])))
+            row += len(ts)
 
     async def call(mid: int, name: str, kwargs: dict) -> None:
         try:
@@ -501,9 +544,12 @@ async def _serve(sock: socket.socket) -> int:
                 break  # the parent is gone
             if m[0] == "close":
                 break
-            task = asyncio.get_running_loop().create_task(encode(*m[1:]) if m[0] == "encode" else call(*m[1:]))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            if m[0] == "encode":
+                if not inbox:
+                    loop.call_soon(drain)
+                inbox.append(m[1:])
+            else:
+                spawn(call(*m[1:]))
     finally:
         await encoder.close()
         if tasks:

@@ -675,20 +675,23 @@ def materialize_engines_dir(carry: Path, dest: Path = REPO / "engines") -> Path:
 
 
 #: ``healthbot bench`` runs (``python -m inference.bench``, the same entry point), per plan:
-#: (label, HEALTHBOT_INFERENCE_* overrides, arguments).
+#: (label, environment, arguments); CLI_COMMON's environment applies to every run.
+_I = "HEALTHBOT_INFERENCE_"
 CLI_PLANS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
     "scaling": [
-        ("scaling-in-process-w2", {"DEVICE_PROCESSES": "0", "WORKERS": "2"}, ["--scaling", "--concurrency", "256"]),
-        ("scaling-1proc-w2", {"DEVICE_PROCESSES": "1", "WORKERS": "2"}, ["--scaling", "--concurrency", "256"]),
-        ("scaling-2proc-w1", {"DEVICE_PROCESSES": "2", "WORKERS": "1"}, ["--scaling", "--concurrency", "256"]),
+        ("scaling-in-process-w2", {_I + "DEVICE_PROCESSES": "0", _I + "WORKERS": "2", "TOKENIZERS_PARALLELISM": "false"},
+         ["--scaling", "--concurrency", "256"]),
+        ("scaling-1proc-w2", {_I + "DEVICE_PROCESSES": "1", _I + "WORKERS": "2"}, ["--scaling", "--concurrency", "256"]),
+        ("scaling-2proc-w1", {_I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"}, ["--scaling", "--concurrency", "256"]),
     ],
     "single": [
-        ("gpu0-2proc-w1", {"DEVICES": "0", "DEVICE_PROCESSES": "2", "WORKERS": "1"}, ["--concurrency", "1,32,256"]),
-        ("gpu0-3proc-w1", {"DEVICES": "0", "DEVICE_PROCESSES": "3", "WORKERS": "1"}, ["--concurrency", "256"]),
-        ("gpu0-1proc-w2", {"DEVICES": "0", "DEVICE_PROCESSES": "1", "WORKERS": "2"}, ["--concurrency", "256"]),
+        ("gpu0-1proc-w2", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "1", _I + "WORKERS": "2"},
+         ["--concurrency", "1,32,256"]),
+        ("gpu0-2proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
+         ["--concurrency", "256"]),
     ],
 }
-CLI_COMMON = {"MAX_QUEUE_DELAY_MS": "0", "MAX_QUEUE_SIZE": "8192", "SWITCH_INTERVAL_MS": "0.5"}
+CLI_COMMON = {_I + "MAX_QUEUE_DELAY_MS": "0", _I + "MAX_QUEUE_SIZE": "8192", _I + "SWITCH_INTERVAL_MS": "0.5"}
 
 
 def cli_bench(carry: Path, out: Path, seconds: float, rec: Recorder, plans: list[str], cpu: bool = False) -> dict:
@@ -701,12 +704,12 @@ def cli_bench(carry: Path, out: Path, seconds: float, rec: Recorder, plans: list
     for plan in plans:
         for label, overrides, args in CLI_PLANS[plan]:
             env = dict(os.environ, PYTHONUNBUFFERED="1", HEALTHBOT_INFERENCE_ENGINES_DIR=str(engines_dir))
-            env.update({f"HEALTHBOT_INFERENCE_{k}": v for k, v in {**CLI_COMMON, **overrides}.items()})
+            env.update({**CLI_COMMON, **overrides})
             cmd = [sys.executable, "-m", "inference.bench", "--json", "--seconds", str(seconds),
                    "--engines", "onnxruntime" if cpu else "torch_cuda", *args]
             if cpu:
                 env["HEALTHBOT_INFERENCE_DEVICES"] = "all"
-            rec.log(f"    {label}: {' '.join(f'HEALTHBOT_INFERENCE_{k}={v}' for k, v in overrides.items())} "
+            rec.log(f"    {label}: {' '.join(f'{k}={v}' for k, v in overrides.items())} "
                     f"{' '.join(cmd[1:])}")
             proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
             for line in proc.stderr.splitlines()[-40:]:
