@@ -620,9 +620,7 @@ class DynamicBatcher:
                 if len(chunk) <= self._inline_tokenize_max:
                     windows = self._tokenize_chunk(chunk)
                 else:
-                    if self._tok_executor is None:
-                        self._tok_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-tokenizer")
-                    windows = await loop.run_in_executor(self._tok_executor, self._tokenize_chunk, chunk)
+                    windows = await loop.run_in_executor(self._tokenizer_thread(), self._tokenize_chunk, chunk)
             except Exception as exc:  # noqa: BLE001 - handed to every caller of the chunk
                 log.warning("inference_tokenize_failed", texts=len(chunk), error=repr(exc))
                 for req in chunk:
@@ -654,6 +652,25 @@ class DynamicBatcher:
             if queued:
                 metrics.INFERENCE_PENDING.inc(queued)
             self._wakeup.set()
+
+    def _tokenizer_thread(self) -> ThreadPoolExecutor:
+        if self._tok_executor is None:
+            self._tok_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-tokenizer")
+        return self._tok_executor
+
+    async def tokenize(self, texts: list[str], prefix: str = "query: ") -> list[list[list[int]]]:
+        """Token windows of each text (``tokenize(texts, prefix)``), on the tokenizer thread
+        when more than :data:`INLINE_TOKENIZE_MAX` texts (the fast tokenizer releases the
+        GIL, so this loop keeps batching and delivering meanwhile), else inline.
+
+        Raises:
+            RuntimeError: the batcher has no ``tokenize``.
+        """
+        if self._tokenize is None:
+            raise RuntimeError("this DynamicBatcher has no tokenize function")
+        if len(texts) <= self._inline_tokenize_max:
+            return self._tokenize(texts, prefix)
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread(), self._tokenize, texts, prefix)
 
     def _tokenize_chunk(self, chunk: list[_Request]) -> list[list[list[int]]]:
         """Windows of each request's text, in chunk order; one tokenizer call per prefix."""

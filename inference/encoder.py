@@ -128,7 +128,10 @@ class Encoder:
             return (await self.batcher.submit_text(texts[0], prefix))[None, :]
         if not n:
             return np.zeros((0, self.dim), dtype=np.float32)
-        windows = self.tokenizer.encode_batch(list(texts), prefix=prefix)
+        if self.batcher.tokenizes:
+            windows = await self.batcher.tokenize(list(texts), prefix)
+        else:
+            windows = self.tokenizer.encode_batch(list(texts), prefix=prefix)
         flat = [w for per_text in windows for w in per_text]
         vectors = await self.batcher.submit_many(flat)
         return combine_windows(vectors, windows)

@@ -679,15 +679,19 @@ def materialize_engines_dir(carry: Path, dest: Path = REPO / "engines") -> Path:
 _I = "HEALTHBOT_INFERENCE_"
 CLI_PLANS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
     "scaling": [
-        ("scaling-in-process-w2", {_I + "DEVICE_PROCESSES": "0", _I + "WORKERS": "2", "TOKENIZERS_PARALLELISM": "false"},
-         ["--scaling", "--concurrency", "256"]),
         ("scaling-1proc-w2", {_I + "DEVICE_PROCESSES": "1", _I + "WORKERS": "2"}, ["--scaling", "--concurrency", "256"]),
         ("scaling-2proc-w1", {_I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"}, ["--scaling", "--concurrency", "256"]),
     ],
+    "scaling-in-process": [
+        ("scaling-in-process-w2", {_I + "DEVICE_PROCESSES": "0", _I + "WORKERS": "2", "TOKENIZERS_PARALLELISM": "false"},
+         ["--scaling", "--concurrency", "256"]),
+    ],
     "single": [
-        ("gpu0-1proc-w2", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "1", _I + "WORKERS": "2"},
-         ["--concurrency", "1,32,256"]),
         ("gpu0-2proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
+         ["--concurrency", "1,32,256"]),
+        ("gpu0-1proc-w2", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "1", _I + "WORKERS": "2"},
+         ["--concurrency", "256"]),
+        ("gpu0-3proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "3", _I + "WORKERS": "1"},
          ["--concurrency", "256"]),
     ],
 }
@@ -1032,7 +1036,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--steps", default=",".join(ALL_STEPS),
                    help="comma list of: parity, latency, memory, memory_caps, gpu_time, frontend, pool, "
                         "pool_uvloop, tensorrt, pytest; and (new front end) accuracy, frontend_null, bench, fault; "
-                        "procs, multigpu; cli-scaling, cli-single (healthbot bench runs, CLI_PLANS)")
+                        "procs, multigpu; cli-scaling, cli-scaling-in-process, cli-single (healthbot bench runs, CLI_PLANS)")
     args = ap.parse_args(argv)
     if args.cmd == "pack":
         pack(args.engines_dir, args.out)
