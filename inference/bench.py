@@ -676,6 +676,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="comma list of concurrent clients")
     ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                     help="event loop (auto: uvloop when installed)")
+    ap.add_argument("--batched-only", action="store_true", help="skip the unbatched (max batch 1) runs")
     ap.add_argument("--scaling", action="store_true",
                     help="instead: batched throughput on 1 GPU against all GPUs of inference.devices, with "
                          "the last --concurrency value of clients per GPU")
@@ -726,7 +727,9 @@ def run_cli(args: argparse.Namespace, cfg: InferenceConfig, engines_dir: Path) -
             return 1
         print(json.dumps(result, ensure_ascii=False) if args.json else format_scaling(result))
         return 0
-    result = run_async(run_bench(cfg, engines_dir, concs, args.seconds, engines=engines, progress=progress), factory)
+    modes = (True,) if args.batched_only else (True, False)
+    result = run_async(run_bench(cfg, engines_dir, concs, args.seconds, engines=engines, progress=progress,
+                                 modes=modes), factory)
     print(json.dumps(result, ensure_ascii=False) if args.json else format_table(result))
     if args.plot:
         print(f"plot: {write_plot(result, args.plot)}", file=sys.stderr)
