@@ -42,13 +42,14 @@ import importlib
 import logging
 import os
 import pickle
+import signal
 import socket
 import struct
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import structlog
@@ -119,20 +120,23 @@ class _Worker:
         return f"{'cpu' if self.device is None else f'cuda:{self.device}'}#{self.index}"
 
 
-def plan_devices(cfg: InferenceConfig) -> list[int | None]:
+def plan_devices(cfg: InferenceConfig, count: Callable[[], int] | None = None) -> list[int | None]:
     """The device of each worker process: ``cfg.device_processes`` per visible GPU of
     ``cfg.devices`` when a GPU engine is in ``cfg.engine_order`` and a GPU is visible,
     else that many on the CPU (``None``).
+
+    ``count``: the visible GPU count (default :func:`~inference.manager.visible_gpu_count`; tests pass a fake).
 
     Raises:
         EngineError: ``cfg.devices`` names a GPU that is not visible.
     """
     from inference.manager import GPU_ENGINES, resolve_devices, visible_gpu_count
 
+    count = count or visible_gpu_count
     gpu = next((e for e in cfg.engine_order if e in GPU_ENGINES), None)
     devices: list[int | None] = [None]
-    if gpu is not None and visible_gpu_count() > 0:
-        devices = list(resolve_devices(cfg.devices, gpu))
+    if gpu is not None and count() > 0:
+        devices = list(resolve_devices(cfg.devices, gpu, count))
     return [d for d in devices for _ in range(cfg.device_processes)]
 
 
@@ -569,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from inference.bench import loop_factory, run_async
 
+    # Ctrl-C in a terminal reaches the whole process group: the parent drains and then
+    # sends "close"; a worker that died on SIGINT first would lose its texts in flight.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     return run_async(_serve(sock), loop_factory("auto"))
 
