@@ -61,3 +61,34 @@ async def test_bench_runs_every_concurrency_batched_and_not_and_the_ceiling(monk
     assert "engine-only" in table and "batched/unbatched" in table
     png = bench.write_plot(result, tmp_path / "bench.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.model
+@needs_model
+async def test_bench_through_worker_processes_sums_the_ceiling_of_every_process():
+    cfg = InferenceConfig(device_processes=2, intra_op_threads=1, max_queue_delay_ms=0)
+    result = await bench.run_bench(cfg, ENGINES_DIR, concurrencies=(8,), run_seconds=0.5, ceiling_seconds=0.3,
+                                   engines=["onnxruntime:fp32"], modes=(True,))
+    (info,) = result["engines"]
+    assert info["processes"] == 2 and info["devices"] == ["cpu#0", "cpu#1"] and info["precision"] == "fp32"
+    served, ceiling = result["runs"]
+    assert served["processes"] == 2 and served["errors"] == 0 and served["throughput"] > 0
+    assert served["mean_batch_size"] >= 1.0
+    assert ceiling["engine_only"] and ceiling["processes"] == 2 and ceiling["throughput"] > 0
+    assert "in 2 worker processes" in bench.format_table(result)
+
+
+def test_scaling_needs_two_gpus(capsys):
+    assert bench.main(["--scaling", "--engines", "torch_cuda", "--seconds", "0.1"]) == 1
+    assert "scaling" in capsys.readouterr().err
+
+
+def test_scaling_table():
+    result = {"engine": "torch_cuda", "device_processes": 2, "workers": 1, "max_queue_delay_ms": 0.0, "speedup": 1.9,
+              "runs": [{"device_list": ["cuda:0#0", "cuda:0#1"], "concurrency": 256, "throughput": 29676.7,
+                        "p50_ms": 8.52, "p99_ms": 11.78, "mean_batch_size": 37.18, "errors": 0},
+                       {"device_list": ["cuda:0#0", "cuda:0#1", "cuda:1#2", "cuda:1#3"], "concurrency": 512,
+                        "throughput": 56355.5, "p50_ms": 9.04, "p99_ms": 12.99, "mean_batch_size": 38.26,
+                        "errors": 0}]}
+    table = bench.format_scaling(result)
+    assert "2 worker process(es) per device" in table and "56355.5" in table and "1.9x" in table
