@@ -79,8 +79,13 @@ async def test_bench_through_worker_processes_sums_the_ceiling_of_every_process(
 
 
 def test_scaling_needs_two_gpus(capsys):
-    assert bench.main(["--scaling", "--engines", "torch_cuda", "--seconds", "0.1"]) == 1
-    assert "scaling" in capsys.readouterr().err
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    args = ap.parse_args(["--scaling", "--engines", "torch_cuda", "--seconds", "0.1"])
+    assert bench.run_cli(args, InferenceConfig(), ENGINES_DIR) == 1
+    assert "scaling: torch_cuda: no GPU visible" in capsys.readouterr().err
 
 
 def test_scaling_table():
