@@ -703,6 +703,12 @@ CLI_PLANS["tune"] = [
     ("gpu0-1proc-w2-d1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "1", _I + "WORKERS": "2",
                           _I + "MAX_QUEUE_DELAY_MS": "1"}, ["--concurrency", "256", "--batched-only"]),
 ]
+CLI_PLANS["mps"] = [  # run under an NVIDIA MPS control daemon (kernels of several processes share the GPU)
+    ("mps-gpu0-2proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
+     ["--concurrency", "256", "--batched-only"]),
+    ("mps-gpu0-4proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "1"},
+     ["--concurrency", "256", "--batched-only"]),
+]
 CLI_COMMON = {_I + "MAX_QUEUE_DELAY_MS": "0", _I + "MAX_QUEUE_SIZE": "8192", _I + "SWITCH_INTERVAL_MS": "0.5"}
 
 
@@ -1044,7 +1050,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--steps", default=",".join(ALL_STEPS),
                    help="comma list of: parity, latency, memory, memory_caps, gpu_time, frontend, pool, "
                         "pool_uvloop, tensorrt, pytest; and (new front end) accuracy, frontend_null, bench, fault; "
-                        "procs, multigpu; cli-scaling, cli-scaling-in-process, cli-single, cli-tune (healthbot bench runs, CLI_PLANS)")
+                        "procs, multigpu; cli-scaling, cli-scaling-in-process, cli-single, cli-tune, cli-mps (healthbot bench runs, CLI_PLANS)")
     args = ap.parse_args(argv)
     if args.cmd == "pack":
         pack(args.engines_dir, args.out)
