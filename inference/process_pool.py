@@ -24,9 +24,10 @@ Worker processes are this module run as ``python -m inference.process_pool --fd 
 
 A worker that exits or breaks its socket is logged, its texts in flight are sent
 again to a live worker (none lost while one is left), and it is started again
-after 1 s, doubling up to 30 s while it keeps failing. A worker gone silent is
-caught by the deadline sweep (``inference.deadline_ms`` + 1 s). A worker whose
-parent dies reads end-of-file and exits.
+after 1 s, doubling up to 30 s while it keeps failing. A worker gone silent (no
+answer within ``inference.deadline_ms`` + 1 s, although its own batcher answers
+by the deadline) fails those texts with DeadlineExceeded and is killed, then
+restarted the same way. A worker whose parent dies reads end-of-file and exits.
 
 What this mode does not give: the worker processes' own Prometheus metrics
 (batch sizes, engine time) are not on the parent's ``/metrics``; the parent
@@ -363,17 +364,23 @@ class ProcessPoolEncoder:
             log.warning("inference_worker_restarted", worker=w.label, pid=w.info.get("pid"), restarts=w.restarts)
 
     async def _sweep(self) -> None:
-        """Fail texts a live worker has not answered within ``deadline_ms`` + :data:`SILENT_GRACE_S`."""
+        """Fail texts a live worker has not answered within ``deadline_ms`` + :data:`SILENT_GRACE_S`
+        and kill that worker: its own batcher answers every request by its deadline, so
+        silence means it hangs (a stuck GPU call, a blocked loop); it is restarted as after any exit."""
         limit = self.cfg.deadline_ms / 1000.0 + SILENT_GRACE_S
         while not self._closing:
             await asyncio.sleep(min(0.25, limit / 4))
             now = time.monotonic()
             for w in self.alive:
-                for mid in [mid for mid, msg in w.in_flight.items() if now - msg.sent_at > limit]:
+                late = [mid for mid, msg in w.in_flight.items() if now - msg.sent_at > limit]
+                for mid in late:
                     msg = w.in_flight.pop(mid)
                     w.texts_in_flight -= len(msg.texts)
-                    log.error("inference_worker_silent", worker=w.label, texts=len(msg.texts), waited_s=round(limit, 2))
                     _fail(msg, DeadlineExceeded(f"inference worker {w.label} did not answer within {limit:.1f} s"))
+                if late and w.process is not None and w.process.returncode is None:
+                    log.error("inference_worker_silent", worker=w.label, messages=len(late), waited_s=round(limit, 2),
+                              action="killed; restarted like any exited worker")
+                    w.process.kill()
 
     def _background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

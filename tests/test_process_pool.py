@@ -82,14 +82,21 @@ async def test_rows_come_back_to_their_callers_and_load_is_spread(doubles_on_pat
 
 
 @needs_model
-async def test_worker_errors_reach_the_caller_with_their_type(doubles_on_path):
+async def test_worker_errors_reach_the_caller_with_their_type_and_a_silent_worker_is_replaced(doubles_on_path):
     enc = await start_double(1, deadline_ms=300)
     try:
         with pytest.raises(BusyError, match="busy"):
             await enc.encode(["BUSY please"])
+        w = enc.workers[0]
+        old_pid = w.info["pid"]
         with pytest.raises(DeadlineExceeded, match="did not answer"):
             await enc.encode(["HANG"])  # a silent worker: the parent's sweep gives up after deadline + 1 s
-        assert (await enc.encode(["ok"]))[0, 0] == 2.0  # the worker still serves others
+        for _ in range(200):  # ... kills it, and it is started again
+            if w.alive and w.info["pid"] != old_pid:
+                break
+            await asyncio.sleep(0.05)
+        assert w.alive and w.info["pid"] != old_pid and w.restarts == 1
+        assert (await enc.encode(["ok"]))[0, 0] == 2.0
     finally:
         await enc.close()
 
