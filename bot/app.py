@@ -94,16 +94,22 @@ async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
 
     200 when the model is loaded (the dispatcher exists) and, if the dispatcher has a
     store, the store answers its ping within :data:`STORE_PING_TIMEOUT_S`; 503 before
-    start-up is done, when the store does not answer, and once shutdown has begun. The
-    body says which: ``ready``, ``model_loaded``, ``shutting_down``, and once loaded
-    ``engine`` (e.g. ``"onnxruntime"``), ``topics`` (count) and ``store`` (``ok`` |
-    ``unreachable``).
+    start-up is done, when the store does not answer, while no inference worker process
+    runs (``inference.device_processes``; they are being restarted), and once shutdown
+    has begun. The body says which: ``ready``, ``model_loaded``, ``shutting_down``, and
+    once loaded ``engine`` (e.g. ``"onnxruntime"``), ``topics`` (count), ``store`` (``ok`` |
+    ``unreachable``) and with worker processes ``inference_processes`` (``"alive/all"``).
     """
     body: dict = {"ready": False, "model_loaded": dispatcher is not None, "shutting_down": state.shutting_down}
     if dispatcher is None:
         return 503, body
-    body["engine"] = dispatcher.retriever.encoder.engine_name
+    encoder = dispatcher.retriever.encoder
+    body["engine"] = encoder.engine_name
     body["topics"] = len(dispatcher.kb)
+    if hasattr(encoder, "alive"):  # worker processes (inference.device_processes)
+        body["inference_processes"] = f"{len(encoder.alive)}/{len(encoder.workers)}"
+        if not encoder.alive:
+            return 503, body
     store = getattr(dispatcher, "store", None)
     if store is not None:
         try:

@@ -33,6 +33,7 @@ from bot.session import Sessions, is_follow_up
 from bot.store import MemoryStore, Store, StoreError
 from bot.types import Inbound, Intent, MessageKind, Reply
 from inference.batcher import BusyError, DeadlineExceeded
+from inference.engines.base import EngineError
 from safety.disclaimer import with_disclaimer
 from safety.normalize import normalize, to_user_script
 from safety.pii import mask_pii, pseudonym
@@ -263,7 +264,9 @@ class Dispatcher:
             context = self.kb.topics[session.last_topic].title[lang]
         try:
             found = await self.retriever.search(norm.text, context=context)
-        except (BusyError, DeadlineExceeded) as exc:
+        except (BusyError, DeadlineExceeded, EngineError) as exc:
+            # EngineError reaches here only when no engine can serve (no CPU fallback, or every
+            # inference worker process is restarting): the user is asked to resend, not failed.
             return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
         engine = self.retriever.encoder.engine_name
         best = found.matches[0]

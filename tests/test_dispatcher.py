@@ -116,3 +116,19 @@ async def test_traditional_reply_uses_everyday_traditional_forms(dispatcher):
     reply = await dispatcher.handle(text("沒有胸痛 只是想問怎麼保養心臟"))
     assert reply.intent is Intent.ANSWER and reply.topic == "chronic.heart_health"
     assert "吃" in reply.text and "喫" not in reply.text
+
+
+@pytest.mark.parametrize("error", ["BusyError", "DeadlineExceeded", "EngineError"])
+async def test_an_overloaded_or_unavailable_encoder_gets_the_polite_busy_reply(dispatcher, monkeypatch, error):
+    import inference.batcher
+    import inference.engines.base
+    from bot.dispatcher import BUSY_REPLY
+
+    exc = getattr(inference.batcher, error, None) or getattr(inference.engines.base, error)
+
+    async def fail(*args, **kwargs):
+        raise exc("simulated")
+
+    monkeypatch.setattr(dispatcher.retriever, "search", fail)
+    reply = await dispatcher.handle(text("失眠怎么调理"))
+    assert reply.intent is Intent.SYSTEM and reply.text == BUSY_REPLY["zh"]

@@ -130,6 +130,31 @@ async def test_a_killed_worker_loses_no_request_and_is_restarted(doubles_on_path
 
 
 @needs_model
+async def test_readyz_is_503_while_no_worker_process_runs(doubles_on_path):
+    from types import SimpleNamespace
+
+    from bot.app import ServerState, readiness
+
+    enc = await start_double(1)
+    try:
+        dispatcher = SimpleNamespace(retriever=SimpleNamespace(encoder=enc), kb=[1, 2])
+        assert await readiness(dispatcher, ServerState()) == (200, {
+            "ready": True, "model_loaded": True, "shutting_down": False, "engine": "double", "topics": 2,
+            "inference_processes": "1/1"})
+        enc.workers[0].process.kill()
+        for _ in range(100):
+            if not enc.alive:
+                break
+            await asyncio.sleep(0.01)
+        status, body = await readiness(dispatcher, ServerState())
+        assert status == 503 and body["inference_processes"] == "0/1" and not body["ready"]
+        with pytest.raises(EngineError, match="no inference worker process is running"):
+            await enc.encode(["while restarting"])
+    finally:
+        await enc.close()
+
+
+@needs_model
 async def test_a_worker_that_cannot_load_fails_start_with_its_reason(doubles_on_path):
     with pytest.raises(EngineError, match="no GPU visible"):
         await ProcessPoolEncoder.create(cpu_cfg(2), ENGINES_DIR, encoder_factory="worker_doubles:no_engine")
