@@ -372,9 +372,11 @@ async def run_scaling(cfg: InferenceConfig, engines_dir: Path, spec: EngineSpec 
 
     emit = progress or (lambda line: None)
     spec = EngineSpec.parse(spec) if isinstance(spec, str) else spec
+    if spec.name not in GPU_ENGINES:
+        raise EngineError(f"scaling compares GPUs: {spec.name} runs on the CPU (use --engines torch_cuda or tensorrt)")
     devices = resolve_devices(cfg.devices, spec.name)
     if len(devices) < 2:
-        raise EngineError(f"scaling needs 2 or more GPUs for {spec.name}; devices here: {devices}")
+        raise EngineError(f"scaling needs 2 or more GPUs; {spec.name} sees {len(devices)} (inference.devices)")
     tokenizer = await asyncio.to_thread(E5Tokenizer.load, Path(engines_dir))
     runs = []
     for k in (1, len(devices)):
@@ -466,7 +468,8 @@ async def run_bench(cfg: InferenceConfig, engines_dir: Path, concurrencies: Sequ
                     "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), **_gpu_info()},
         "batcher": {"max_batch_size": cfg.max_batch_size, "gpu_max_batch_size": cfg.gpu_max_batch_size,
                     "max_batch_tokens": cfg.max_batch_tokens, "max_queue_delay_ms": cfg.max_queue_delay_ms,
-                    "workers": cfg.workers, "intra_op_threads": cfg.intra_op_threads,
+                    "workers": cfg.workers, "device_processes": cfg.device_processes,
+                    "intra_op_threads": cfg.intra_op_threads,
                     "switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 3)},
         "run_seconds": run_seconds,
         "total_seconds": round(time.perf_counter() - t0, 1),
@@ -495,7 +498,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"{m.get('cpu_count')} CPU(s){', ' + m['gpu'] if m.get('gpu') else ''}, loop {m.get('event_loop', '?')}; "
         f"batched = max_batch_size {b['max_batch_size']} (GPU {b['gpu_max_batch_size']}), "
         f"max_queue_delay_ms {b['max_queue_delay_ms']}, max_batch_tokens {b['max_batch_tokens']}, "
-        f"{b['workers']} worker(s) per device, GIL switch interval {b.get('switch_interval_ms')} ms; "
+        f"{b['workers']} engine(s) per {'worker process' if b.get('device_processes') else 'device'}, "
+        f"GIL switch interval {b.get('switch_interval_ms')} ms; "
         f"unbatched = max_batch_size 1",
     ]
     for info in result.get("engines", []):
