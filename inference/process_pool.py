@@ -325,8 +325,10 @@ class ProcessPoolEncoder:
                     fut = w.calls.pop(m[1], None)
                     if fut is not None and not fut.done():
                         fut.set_result(m[2])
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, pickle.UnpicklingError) as exc:
+        except Exception as exc:  # noqa: BLE001 - end of file, a broken socket or a garbled message
             if not self._closing:
+                if w.process is not None and w.process.returncode is None:
+                    w.process.kill()  # garbled: the worker cannot be trusted to answer in order
                 await self._on_exit(w, exc)
 
     async def _on_exit(self, w: _Worker, exc: BaseException) -> None:
