@@ -147,7 +147,8 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               r"\bdosage\b|\bdosing\b|(?<![a-z])mg of\b|\bwhat dose\b|\b" + _NUM + r"\s*(?:mg|milligrams?|mcg|tablets?|"
               r"pills?|capsules?|ml)\b[^.?!]{0,20}" + DRUG_EN + r"|" + DRUG_EN + r"[^.?!]{0,20}\b" + _NUM + r"\s*(?:mg|milligrams?|"
               r"mcg|tablets?|pills?|capsules?|ml)\b",
-              unless=r"\b(?:caffeine|sodium|salt|sugar|protein|fib(?:er|re)|water|calories|carbs|exercise|steps|breaks?)\b"),
+              unless=r"\b(?:caffeine|sodium|salt|sugar|protein|fib(?:er|re)|water|calories|carbs|exercise|steps|breaks?|"
+                     r"cooking oil|oil(?![^.?!]{0,40}\btake\b)|fats?)\b"),
 
     # ---- prescription: which medicine to take --------------------------------------------
     ScopeRule("prescription", "prescribe_zh",
