@@ -115,7 +115,9 @@ HEALTH_WORDS: tuple[str, ...] = (
     r"\bfeet\b|\bfoot\b|\bhands?\b|\bfingers?\b|\blegs?\b|\barms?\b|\bback\b|\bneck\b|\bshoulders?\b|\bknees?\b|"
     r"\bawake\b|\bnap|\bgroggy|\bhappy|\bsad\b|\blonely|\bupset|\boil\b|\bfried\b|\bfruit|\bvegetable|\btcm\b|"
     r"\byang\b|\byin\b|\bqi\b|\belderly|\bbaby|\bkids?\b|\bchild|\bwash|\bgerms?\b|\bbath|\bshower|\bsun\b|"
-    r"\bscroll|\bscreens?\b|\bstroke\b|\bcancer|\btumou?r",
+    r"\bscroll|\bscreens?\b|\bstroke\b|\bcancer|\btumou?r|\bdrink(?:ing)?\b|\bwater\b|\bheat\b|\bhot weather|"
+    r"\b(?:travel|car|sea|air)[- ]?sick|\bsickness\b|\bginger\b|\bmou?ldy?\b|\b(?:too much|too long|hours|all day)(?: time)? on (?:my|the|his|her) "
+    r"phone|\bon (?:my|the|his|her) phone (?:too|all|for hours)|\bphone (?:addiction|too much)",
 )
 _HEALTH_RE = tuple(re.compile(p) for p in HEALTH_WORDS)
 

@@ -295,7 +295,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
                    r"easily)\b"),
     RedFlag("breathing", "cyanosis_en", (
         r"\b(?:lips?|face|fingers?|fingertips|nails?|skin)\b" + E10 + r"\b(?:blue|bluish|purple|grey|gray)\b|"
-        r"\b(?:turning|turned|gone|going|is)\s+(?:blue|purple)\b",)),
+        r"\b(?:turning|turned|gone|going|is)\s+(?:blue|purple)\b",),
+        # Marks that gua sha, cupping or a knock leave on the skin are expected, not cyanosis.
+        unless=r"\bgua ?sha\b|\bcupping\b|\bscraping\b|\bbruis"),
     RedFlag("breathing", "choking_en", (
         r"\bchok(?:ing|ed|es)\b(?!\s+hazard)|\b(?:something|food|it|a \w+)\s+(?:is\s+|got\s+)?stuck in " + PERSON_EN +
         r" (?:throat|windpipe|airway)",),

@@ -132,3 +132,13 @@ async def test_an_overloaded_or_unavailable_encoder_gets_the_polite_busy_reply(d
     monkeypatch.setattr(dispatcher.retriever, "search", fail)
     reply = await dispatcher.handle(text("失眠怎么调理"))
     assert reply.intent is Intent.SYSTEM and reply.text == BUSY_REPLY["zh"]
+
+
+@pytest.mark.parametrize("q, intent, topic", [
+    ("my phone screen is cracked", Intent.OUT_OF_SCOPE, None),  # "screen" is a health word: the examples decide
+    ("too much time on my phone", Intent.ANSWER, "mental.screen_time"),
+    ("gua sha turned my skin purple, is that normal", Intent.ANSWER, "tcm.cupping_guasha"),
+])
+async def test_everyday_english_near_misses(dispatcher, q, intent, topic):
+    reply = await dispatcher.handle(text(q))
+    assert (reply.intent, reply.topic) == (intent, topic)
