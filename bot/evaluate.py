@@ -1,7 +1,8 @@
 """``healthbot eval``: score the bot on a labelled file (format of ../shared/eval/dev.jsonl).
 
 Scoring (../shared/eval/README.md): intent accuracy over all lines; topic
-accuracy over ``answer`` lines (top-1 topic among the line's ``topics``);
+accuracy over ``answer`` lines that carry a ``topics`` label (top-1 topic among
+them; an unlabelled answer line counts for intent only);
 emergency recall (emergency lines answered as emergency) and false alarms
 (non-emergency lines answered as emergency).
 """
@@ -81,9 +82,9 @@ async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> E
         ok = got == want
         res.intent_ok += ok
         topic_ok = True
-        if want == "answer":
+        if want == "answer" and row.get("topics"):  # unlabelled answer lines count for intent only
             res.answer_lines += 1
-            topic_ok = reply.topic in row.get("topics", [])
+            topic_ok = reply.topic in row["topics"]
             res.topic_ok += topic_ok
         if want == "emergency":
             res.emergency_lines += 1
@@ -97,13 +98,13 @@ async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> E
 
 
 async def retrieval_accuracy(retriever, rows: list[dict]) -> float:
-    """Share of ``answer`` lines whose top-1 retrieved topic is right (retrieval alone, no intents)."""
+    """Share of topic-labelled ``answer`` lines whose top-1 retrieved topic is right (retrieval alone, no intents)."""
     from safety.normalize import normalize
-    lines = [r for r in rows if r["intent"] == "answer"]
+    lines = [r for r in rows if r["intent"] == "answer" and r.get("topics")]
     ok = 0
     for row in lines:
         found = await retriever.search(normalize(row["q"]).text)
-        ok += found.matches[0].topic_id in row.get("topics", [])
+        ok += found.matches[0].topic_id in row["topics"]
     return ok / len(lines) if lines else 0.0
 
 
@@ -113,8 +114,15 @@ def format_report(res: EvalResult) -> str:
     lines = [
         f"lines              {s['lines']}",
         f"intent accuracy    {s['intent_accuracy']:.1%}",
-        f"topic accuracy     {s['topic_accuracy']:.1%}  (on {s['answer_lines']} answer lines)",
-        f"emergency recall   {s['emergency_recall']:.1%}  (on {s['emergency_lines']} emergency lines)",
+        f"topic accuracy     {_pct(s['topic_accuracy'], s['answer_lines'])}  (on {s['answer_lines']} answer lines "
+        f"with a topic label)",
+        f"emergency recall   {_pct(s['emergency_recall'], s['emergency_lines'])}  (on {s['emergency_lines']} "
+        f"emergency lines)",
         f"false alarms       {s['false_alarms']}",
     ]
     return "\n".join(lines)
+
+
+def _pct(value: float, lines: int) -> str:
+    """``"98.7%"``, or ``"n/a"`` when no line was scored."""
+    return f"{value:.1%}" if lines else "n/a"

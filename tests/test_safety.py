@@ -41,7 +41,7 @@ ANSWER_ROWS = [r for r in ROWS if r["intent"] == "answer"]
 
 def test_eval_file_is_large_and_well_formed():
     assert len(ROWS) >= 150
-    intents = {"emergency", "refer_doctor", "answer", "out_of_scope", "greeting", "handoff"}
+    intents = {"emergency", "refer_doctor", "answer", "no_answer", "out_of_scope", "greeting", "handoff"}
     for r in ROWS:
         assert set(r) <= {"q", "intent", "lang", "topics"}, r
         assert r["intent"] in intents and r["lang"] in ("zh", "en"), r
