@@ -29,6 +29,10 @@ metric                                              recorded in
 ``healthbot_wechat_token_refreshes_total``          the WeChat access_token manager, per token fetched
 ``healthbot_wechat_api_errors_total{code}``         the WeChat API client, per failed call
 ``healthbot_telegram_retry_after_total{method}``    ``TelegramSender.call``: each 429 RetryAfter received
+``healthbot_worker_*{worker}``                      ``inference.process_pool.WorkerMetrics``: with
+                                                    ``inference.device_processes``, each worker
+                                                    process's ``healthbot_inference_*``,
+                                                    ``healthbot_engine_*`` and ``process_*``
 ==================================================  ==========================================
 
 Plus ``process_*`` (CPU seconds, resident memory bytes, open fds, start time) from

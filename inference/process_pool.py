@@ -29,9 +29,9 @@ answer within ``inference.deadline_ms`` + 1 s, although its own batcher answers
 by the deadline) fails those texts with DeadlineExceeded and is killed, then
 restarted the same way. A worker whose parent dies reads end-of-file and exits.
 
-What this mode does not give: the worker processes' own Prometheus metrics
-(batch sizes, engine time) are not on the parent's ``/metrics``; the parent
-records ``healthbot_inference_workers``.
+Metrics: the server's ``/metrics`` re-exports each worker's own metrics as
+``healthbot_worker_*{worker="cuda:0#1"}`` (:class:`WorkerMetrics`, fetched every
+:data:`METRICS_POLL_S` s); the server itself records ``healthbot_inference_workers``.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ MAX_MESSAGES_PER_ENCODE = 4
 START_TIMEOUT_S = 600.0
 #: Restart back-off of a worker that exited (seconds; doubles up to the max).
 RESTART_S, MAX_RESTART_S = 1.0, 30.0
+#: How often the server process fetches each worker's Prometheus metrics (seconds).
+METRICS_POLL_S = 5.0
 #: Extra wait beyond ``deadline_ms`` before the parent gives up on a silent worker (seconds).
 SILENT_GRACE_S = 1.0
 
@@ -165,6 +167,7 @@ class ProcessPoolEncoder:
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
         self._engines = 0
+        self._worker_metrics = WorkerMetrics(self)
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -192,6 +195,8 @@ class ProcessPoolEncoder:
         self._engines = sum(int(w.info.get("engines", 1)) for w in self.workers)
         metrics.INFERENCE_WORKERS.labels(engine=self.info["engine"]).inc(self._engines)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        metrics.REGISTRY.register(self._worker_metrics)
+        self._background(self._poll_metrics())
         log.info("process_pool_ready", processes=len(self.workers), engine=self.info["engine"],
                  devices=[w.label for w in self.workers], pids=[w.info.get("pid") for w in self.workers])
         return self
@@ -389,6 +394,16 @@ class ProcessPoolEncoder:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _poll_metrics(self) -> None:
+        """Every :data:`METRICS_POLL_S`, fetch each live worker's metrics for :class:`WorkerMetrics`."""
+        while not self._closing:
+            for w in self.alive:
+                try:
+                    self._worker_metrics.update(w.label, await asyncio.wait_for(self.call(w, "metrics"), 5.0))
+                except (EngineError, TimeoutError) as exc:
+                    log.warning("inference_worker_metrics_unavailable", worker=w.label, error=str(exc))
+            await asyncio.sleep(METRICS_POLL_S)
+
     # ------------------------------------------------------------------ calls
     async def call(self, worker: _Worker, name: str, **kwargs: Any) -> Any:
         """Run ``name`` (``stats`` | ``engine_only``) in ``worker`` and return its result.
@@ -429,6 +444,7 @@ class ProcessPoolEncoder:
             task.cancel()
         await asyncio.gather(*(self._stop(w) for w in self.workers))
         metrics.INFERENCE_WORKERS.labels(engine=self.info["engine"]).dec(self._engines)
+        metrics.REGISTRY.unregister(self._worker_metrics)
 
     async def _stop(self, w: _Worker) -> None:
         w.alive = False
@@ -452,6 +468,57 @@ class ProcessPoolEncoder:
         for msg in w.in_flight.values():
             _fail(msg, BatcherClosed("inference is shutting down"))
         w.in_flight.clear()
+
+
+class WorkerMetrics:
+    """A Prometheus collector on the server's registry that re-exports each worker
+    process's own metrics (``healthbot_inference_*``, ``healthbot_engine_*`` and
+    ``process_*``: its batcher, pool, model manager and the process itself), as
+    last fetched (every :data:`METRICS_POLL_S` s): every family ``healthbot_X`` or
+    ``X`` becomes ``healthbot_worker_X`` with a ``worker`` label (``"cuda:0#1"``).
+    Worker families keep their own names apart from the server's, whose
+    ``healthbot_inference_*`` stay (the server runs no batcher in this mode)."""
+
+    def __init__(self, pool: ProcessPoolEncoder) -> None:
+        self._pool = pool
+        self._latest: dict[str, list[Any]] = {}
+
+    def update(self, worker: str, text: str) -> None:
+        """Keep ``text`` (the worker's exposition, text format 0.0.4) as its latest metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        self._latest[worker] = list(text_string_to_metric_families(text))
+
+    def describe(self) -> list:
+        return []  # names vary with the workers; nothing to check against the server's own
+
+    def collect(self):
+        from prometheus_client.metrics_core import Metric
+
+        merged: dict[str, Metric] = {}
+        alive = {w.label for w in self._pool.alive}
+        for worker, families in self._latest.items():
+            if worker not in alive:
+                continue
+            for fam in families:
+                if not fam.name.startswith(_WORKER_FAMILIES):
+                    continue  # a worker serves no channel: its request and channel families stay empty
+                name = _worker_name(fam.name)
+                out = merged.get(name)
+                if out is None:
+                    out = merged[name] = Metric(name, f"Worker processes: {fam.documentation}", fam.type, fam.unit)
+                for smp in fam.samples:
+                    out.add_sample(_worker_name(fam.name) + smp.name[len(fam.name):], {**smp.labels, "worker": worker},
+                                   smp.value, smp.timestamp, smp.exemplar)
+        yield from merged.values()
+
+
+#: The families a worker process records (its batcher, pool, model manager and the process itself).
+_WORKER_FAMILIES = ("healthbot_inference_", "healthbot_engine_", "process_")
+
+
+def _worker_name(name: str) -> str:
+    return "healthbot_worker_" + name.removeprefix("healthbot_")
 
 
 def _child_env() -> dict[str, str]:
@@ -543,6 +610,8 @@ async def _serve(sock: socket.socket) -> int:
                 result: Any = (encoder.batcher.stats.batches_run, encoder.batcher.stats.requests_run)
             elif name == "engine_only":
                 result = await encoder.pool.call_on_worker(ceiling_run(**kwargs))
+            elif name == "metrics":
+                result = metrics.render()[0].decode("utf-8")
             else:
                 result = {"error": f"unknown call {name!r}"}
         except Exception as exc:  # noqa: BLE001

@@ -222,3 +222,31 @@ async def test_the_bot_answers_through_worker_processes(tmp_path):
         reply = await dispatcher.handle(Inbound("http", "u1", "u1", "m1", MessageKind.TEXT, "手脚冰凉怎么办"))
     assert reply.intent == "answer" and reply.topic == "body.cold_hands_feet"
     assert reply.engine == "onnxruntime" and "何时就医" in reply.text
+
+
+@needs_model
+async def test_server_metrics_show_each_workers_own_metrics(monkeypatch):
+    import re
+
+    from bot import metrics
+    from inference import process_pool
+
+    monkeypatch.setattr(process_pool, "METRICS_POLL_S", 0.1)
+    enc = await ProcessPoolEncoder.create(cpu_cfg(2), ENGINES_DIR)
+    try:
+        await asyncio.gather(*(enc.encode([f"第{i}个问题：失眠怎么办"]) for i in range(40)))
+        batches = {}
+        for _ in range(100):
+            body = metrics.render()[0].decode()
+            batches = {w: float(v) for w, v in re.findall(
+                r'^healthbot_worker_inference_batch_size_count\{worker="(cpu#\d)"\} (\S+)$', body, re.M)}
+            if sum(batches.values()) > 0 and len(batches) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert set(batches) == {"cpu#0", "cpu#1"} and sum(batches.values()) >= 2
+        assert re.search(r'^healthbot_worker_process_resident_memory_bytes\{worker="cpu#0"\} \d', body, re.M)
+        assert "# TYPE healthbot_worker_inference_batch_size histogram" in body
+        assert "healthbot_worker_telegram" not in body and "healthbot_worker_request" not in body
+    finally:
+        await enc.close()
+    assert "healthbot_worker_" not in metrics.render()[0].decode()  # gone with the pool
