@@ -23,8 +23,8 @@ import re
 from bot.types import Intent
 from safety.normalize import Normalized
 
-__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "GREETING_TOKENS", "HANDOFF_PATTERNS",
-           "OFF_TOPIC_PATTERNS", "HEALTH_WORDS"]
+__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "is_aftercare", "GREETING_TOKENS", "HANDOFF_PATTERNS",
+           "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS"]
 
 # A message is a greeting when it is made only of these tokens (and punctuation/spaces).
 GREETING_TOKENS: tuple[str, ...] = (
@@ -120,6 +120,28 @@ HEALTH_WORDS: tuple[str, ...] = (
     r"phone|\bon (?:my|the|his|her) phone (?:too|all|for hours)|\bphone (?:addiction|too much)",
 )
 _HEALTH_RE = tuple(re.compile(p) for p in HEALTH_WORDS)
+
+# Everyday questions about recovering from an operation or a vaccination, or during a
+# treatment ("胆囊切除了 术后饮食要注意什么", "打完疫苗能洗澡吗"): the knowledge base's
+# everyday topics (bathing, eggs) would answer the everyday half and ignore the rest, so
+# the honest reply is no_answer (ask the treating team), as ../shared/eval labels them.
+AFTERCARE_PATTERNS: tuple[str, ...] = (
+    "手术(?:后|以后|之后|完)|(?:做|动|开)(?:完|了|过)[^,.;!?，。；！？]{0,8}手术|术后|开(?:完|了)?刀(?:后|以后|之后)|"
+    "打(?:完|了)[^,.;!?，。；！？]{0,6}(?:疫苗|预防针)|(?:疫苗|预防针|接种)(?:后|以后|之后)|"
+    "拔(?:完|了)?(?:牙|智齿)(?:后|以后|之后)|化疗|放疗|透析|(?:出|长|得了?|发)水痘",
+    r"\bafter (?:my |his |her |their |the |a |an )?(?:\w+ )?(?:surgery|operation|op|procedure)\b|\bpost[- ]?op\b|"
+    r"\bafter (?:my |his |her |their |the |a )?(?:\w+ )?(?:vaccine|vaccination|jab|shot|booster)s?\b|"
+    r"\bchemo(?:therapy)?\b|\bradiotherapy\b|\bdialysis\b|\bchicken ?pox\b|\bafter (?:a |my )?(?:tooth|teeth) "
+    r"(?:extraction|out|pulled)",
+)
+_AFTERCARE_RE = tuple(re.compile(p) for p in AFTERCARE_PATTERNS)
+
+
+def is_aftercare(norm: Normalized) -> bool:
+    """True for an everyday question after an operation or a vaccination, or during a
+    treatment (:data:`AFTERCARE_PATTERNS`). Checked after triage and the scope rules, so an
+    emergency or a medicine question keeps its own reply."""
+    return any(p.search(norm.text) for p in _AFTERCARE_RE)
 
 
 def _is_greeting(text: str) -> bool:

@@ -165,6 +165,9 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
     ScopeRule("prescription", "combine_medicines_zh",
               DRUG_ZH + "[^,.;!?，。；！？]{0,8}(?:和|跟|与|加|同)[^,.;!?，。；！？]{0,4}" + DRUG_ZH +
               "[^,.;!?，。；！？]{0,8}(?:一起|同时|一块)?(?:吃|用|服)", unless="保健品"),
+    ScopeRule("prescription", "combine_medicines_en",
+              r"\b(?:take|taking|mix|mixing|combine|combining|have|having|use|using)\b[^.?!]{0,20}" + DRUG_EN +
+              r"[^.?!]{0,30}\b(?:with|and|alongside|while on|while taking|on top of)\b[^.?!]{0,30}" + DRUG_EN),
     ScopeRule("prescription", "prescribe_en",
               r"\b(?:take|taking|mix|mixing|combine|combining|have|having)\b[^.?!]{0,30}\b(?:with|alongside|while on)\s+"
               r"(?:my|his|her|their|the)\b[^.?!]{0,20}\b(?:meds|medications?|medicines?|pills|tablets|insulin|"
