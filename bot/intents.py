@@ -130,7 +130,8 @@ AFTERCARE_PATTERNS: tuple[str, ...] = (
     "打(?:完|了)[^,.;!?，。；！？]{0,6}(?:疫苗|预防针)|(?:疫苗|预防针|接种)(?:后|以后|之后)|"
     "拔(?:完|了)?(?:牙|智齿)(?:后|以后|之后)|化疗|放疗|透析|(?:出|长|得了?|发)水痘",
     r"\bafter (?:my |his |her |their |the |a |an )?(?:\w+ )?(?:surgery|operation|op|procedure)\b|\bpost[- ]?op\b|"
-    r"\bafter (?:my |his |her |their |the |a )?(?:\w+ )?(?:vaccine|vaccination|jab|shot|booster)s?\b|"
+    r"\bafter (?:my |his |her |their |the |a )?(?:\w+ )?(?:vaccine|vaccination|jab|booster)s?\b|"
+    r"\bafter (?:my |his |her |their |the |a )?(?:flu|covid|tetanus|pneumonia|shingles) shots?\b|"
     r"\bchemo(?:therapy)?\b|\bradiotherapy\b|\bdialysis\b|\bchicken ?pox\b|\bafter (?:a |my )?(?:tooth|teeth) "
     r"(?:extraction|out|pulled)",
 )

@@ -82,3 +82,16 @@ def test_answer_has_no_canned_reply():
 def test_unsupported_reply_asks_for_text():
     assert "文字" in unsupported_reply("zh")
     assert "text" in unsupported_reply("en")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("胆囊切除了 术后饮食要注意什么", True), ("做完白内障手术能洗澡吗", True), ("打完疫苗能吃鸡蛋吗", True),
+    ("孩子出水痘了能吃什么", True), ("我爸化疗期间吃什么好", True), ("what to eat after my knee operation", True),
+    ("can I drink coffee after my flu shot", True), ("sore arm after the covid jab", True),
+    ("我怕做手术 怎么缓解紧张", False), ("吃完饭能马上洗澡吗", False), ("after a shot of whisky can I sleep", False),
+    ("is it ok to shower after a long walk", False),
+])
+def test_aftercare_questions_are_recognised(text, expected):
+    from bot.intents import is_aftercare
+
+    assert is_aftercare(normalize(text)) is expected
