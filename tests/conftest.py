@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+import structlog
 
 from bot.config import REPO_ROOT, load_config
 
@@ -17,6 +21,34 @@ def model_ready() -> bool:
 
 
 requires_model = pytest.mark.skipif(not model_ready(), reason="engines/manifest.json missing: run 'make model'")
+
+
+@contextmanager
+def restored_logging() -> Iterator[None]:
+    """Undo, on exit, what ``bot.logs.configure_logging`` changes: the structlog
+    configuration and the root logger's handlers and level (a test's captured stream
+    must not stay the process's log stream)."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+
+
+@pytest.fixture
+def cli_main():
+    """bot.cli.main, with the logging configuration it installs (on the captured stderr) undone afterwards."""
+    from bot.cli import main
+
+    with restored_logging():
+        yield main
 
 
 @pytest.fixture(scope="session")

@@ -78,13 +78,8 @@ async def test_bench_through_worker_processes_sums_the_ceiling_of_every_process(
     assert "in 2 worker processes" in bench.format_table(result)
 
 
-def test_scaling_needs_two_gpus(capsys):
-    import argparse
-
-    ap = argparse.ArgumentParser()
-    bench.add_arguments(ap)
-    args = ap.parse_args(["--scaling", "--engines", "torch_cuda", "--seconds", "0.1"])
-    assert bench.run_cli(args, InferenceConfig(), ENGINES_DIR) == 1
+def test_scaling_needs_two_gpus(cli_main, capsys):
+    assert cli_main(["bench", "--scaling", "--engines", "torch_cuda", "--seconds", "0.1"]) == 1
     assert "scaling: torch_cuda: no GPU visible" in capsys.readouterr().err
 
 

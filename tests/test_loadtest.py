@@ -60,26 +60,6 @@ async def server():
         await srv.close()
 
 
-@pytest.fixture
-def cli_main():
-    """bot.cli.main, with the logging configuration it installs (on the captured stderr) undone afterwards."""
-    import logging
-
-    import structlog
-
-    from bot.cli import main
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield main
-    structlog.configure(**saved)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
-
-
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8080", "http://localhost:1/x", "http://[::1]:9", "http://127.9.9.9"])
 def test_loopback_urls_are_accepted(url):
     assert check_loopback(url).startswith("http://")

@@ -26,7 +26,7 @@ from bot.app import ServerState, readiness
 from bot.config import REPO_ROOT
 from bot.logs import SecretScrubber, configure_logging, request_id_from_header
 from bot.types import Inbound, MessageKind
-from tests.conftest import requires_model
+from tests.conftest import requires_model, restored_logging
 
 PHONE, PHONE_SPACED, ID_NUMBER = "13812345678", "139 8765 4321", "110101199003074518"
 PII_TEXT = f"我电话{PHONE}，也可以打{PHONE_SPACED}，身份证{ID_NUMBER}，失眠怎么调理"
@@ -67,20 +67,10 @@ def _serve_cmd(port: int) -> list[str]:
 @pytest.fixture
 def captured_logs():
     """The production logging set-up (bot.logs, JSON) writing into a buffer; restored afterwards."""
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
     buf = io.StringIO()
-    configure_logging("INFO", "json", secrets=["tg-secret-0123456789"], stream=buf)
-    try:
+    with restored_logging():
+        configure_logging("INFO", "json", secrets=["tg-secret-0123456789"], stream=buf)
         yield buf
-    finally:
-        structlog.configure(**saved)
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        for h in saved_handlers:
-            root.addHandler(h)
-        root.setLevel(saved_level)
 
 
 def _lines(buf: io.StringIO) -> list[dict]:
@@ -128,20 +118,10 @@ def test_exceptions_and_standard_library_lines_are_masked_and_secrets_scrubbed(c
 
 
 def test_console_format_is_human_readable():
-    saved = structlog.get_config()
     buf = io.StringIO()
-    root = logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
-    try:
+    with restored_logging():
         configure_logging("INFO", "console", stream=buf)
         structlog.get_logger("healthbot.test").info("reply", user=PHONE)
-    finally:
-        structlog.configure(**saved)
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        for h in saved_handlers:
-            root.addHandler(h)
-        root.setLevel(saved_level)
     line = buf.getvalue()
     assert not line.lstrip().startswith("{") and "reply" in line and "user=[PHONE]" in line
 

@@ -294,26 +294,6 @@ async def test_create_menu_posts_it_with_the_shared_token(fake, apis):
 # --------------------------------------------------------------------------- healthbot wechat menu
 
 
-@pytest.fixture
-def cli_main():
-    """bot.cli.main, with the logging configuration it installs (on the captured stderr) undone afterwards."""
-    import logging
-
-    import structlog
-
-    from bot.cli import main
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield main
-    structlog.configure(**saved)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
-
-
 def test_cli_menu_dry_run_prints_the_json(tmp_path, capsys, cli_main):
     main = cli_main
     (tmp_path / "menu.toml").write_text(MENU_TOML, encoding="utf-8")
