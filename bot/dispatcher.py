@@ -36,7 +36,7 @@ from inference.batcher import BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
 from safety.disclaimer import with_disclaimer
 from safety.normalize import normalize, to_user_script
-from safety.pii import mask_pii, pseudonym
+from safety.pii import pseudonym
 from safety.review import review
 from safety.scope import check_scope
 from safety.triage import triage

@@ -18,7 +18,7 @@ import asyncio
 import gc
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import structlog

@@ -94,13 +94,6 @@ def onnx_model_for(cfg: InferenceConfig, engines_dir: Path) -> tuple[Path, str]:
     return variant_path(engines_dir, "fp32"), "fp32"
 
 
-def _load_onnxruntime(cfg: InferenceConfig, engines_dir: Path, device: int | None = None) -> Engine:
-    from inference.engines.onnxruntime import OnnxRuntimeEngine
-
-    path, precision = onnx_model_for(cfg, engines_dir)
-    return OnnxRuntimeEngine(path, intra_op_threads=cfg.intra_op_threads, precision=precision)
-
-
 def _load_onnxruntime(cfg: InferenceConfig, engines_dir: Path, device: Device = None) -> Engine:
     from inference.engines.onnxruntime import OnnxRuntimeEngine
 

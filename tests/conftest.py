@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
 import pytest
