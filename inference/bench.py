@@ -261,13 +261,8 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
                     await enc.encode([text])
                 for c in concurrencies:
                     r = await drive(lambda t, enc=enc: enc.encode([t]), texts, c, run_seconds, enc.batcher)
-                    run = {"engine": spec.name, "precision": precision, "batched": batched, "concurrency": c,
-                           "engine_only": False, "max_batch_size": enc.batcher.max_batch_size,
-                           "max_queue_delay_ms": enc.batcher.max_queue_delay_ms, **r}
-                    runs.append(run)
-                    progress(f"{spec.name}/{precision} {'batched' if batched else 'unbatched'} c={c}: "
-                             f"{r['throughput']:.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
-                             f"batch {r['mean_batch_size']}")
+                    runs.append(_served_record(spec, precision, batched, c, r, enc.batcher.max_batch_size,
+                                               enc.batcher.max_queue_delay_ms, progress))
             finally:
                 await enc.batcher.close()
         if ceiling_seconds > 0:
@@ -277,6 +272,18 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
     finally:
         await pool.close()
     return info, runs
+
+
+def _served_record(spec: EngineSpec, precision: str, batched: bool, concurrency: int, r: dict[str, Any],
+                   max_batch_size: int, max_queue_delay_ms: float, progress: Callable[[str], None],
+                   processes: int | None = None) -> dict[str, Any]:
+    """One run through the front end (``r`` from :func:`drive`) as a ``runs`` entry; its progress line emitted."""
+    where = f", {processes} processes" if processes else ""
+    progress(f"{spec.name}/{precision} {'batched' if batched else 'unbatched'} c={concurrency}{where}: "
+             f"{r['throughput']:.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms batch {r['mean_batch_size']}")
+    return {"engine": spec.name, "precision": precision, "batched": batched, "concurrency": concurrency,
+            "engine_only": False, "max_batch_size": max_batch_size, "max_queue_delay_ms": max_queue_delay_ms,
+            **({"processes": processes} if processes else {}), **r}
 
 
 def _ceiling_batches_for(tokenizer: Any, texts: Sequence[str], batch_size: int,
@@ -336,12 +343,8 @@ async def bench_processes(spec: EngineSpec, cfg: InferenceConfig, engines_dir: P
                 r = await drive(lambda t, enc=enc: enc.encode([t]), texts, c, run_seconds)
                 b1, r1 = await enc.batch_stats()
                 r["mean_batch_size"] = round((r1 - r0) / (b1 - b0), 2) if b1 > b0 else 0.0
-                runs.append({"engine": spec.name, "precision": precision, "batched": batched, "concurrency": c,
-                             "engine_only": False, "max_batch_size": enc.info["max_batch_size"],
-                             "max_queue_delay_ms": bcfg.max_queue_delay_ms, "processes": len(enc.workers), **r})
-                progress(f"{spec.name}/{precision} {'batched' if batched else 'unbatched'} c={c}, "
-                         f"{len(enc.workers)} processes: {r['throughput']:.0f}/s p50 {r['p50_ms']:.2f} ms "
-                         f"p99 {r['p99_ms']:.2f} ms batch {r['mean_batch_size']}")
+                runs.append(_served_record(spec, precision, batched, c, r, enc.info["max_batch_size"],
+                                           bcfg.max_queue_delay_ms, progress, processes=len(enc.workers)))
             if batched and ceiling_seconds > 0:
                 batches = _ceiling_batches_for(tokenizer, texts, int(enc.info["max_batch_size"]), bcfg.max_batch_tokens)
                 ceils = await asyncio.gather(*(enc.call(w, "engine_only", batches=batches, pad_id=tokenizer.pad_id,
