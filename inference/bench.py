@@ -45,7 +45,7 @@ import numpy as np
 
 from bot.config import InferenceConfig
 from inference.batcher import BusyError, DeadlineExceeded
-from inference.encoder import Encoder, apply_process_settings, batcher_for
+from inference.encoder import Encoder, apply_process_settings, batcher_for, require_prepared
 from inference.engines.base import EngineError
 
 #: A realistic mix of what users send: short Chinese and English everyday health
@@ -447,8 +447,7 @@ async def run_bench(cfg: InferenceConfig, engines_dir: Path, concurrencies: Sequ
 
     emit = progress or (lambda line: None)
     engines_dir = Path(engines_dir)
-    if not (engines_dir / "manifest.json").is_file():
-        raise FileNotFoundError(f"{engines_dir / 'manifest.json'} missing: run 'healthbot prepare-model'")
+    require_prepared(engines_dir)
     specs = [EngineSpec.parse(e) if isinstance(e, str) else e for e in (engines or default_engines(cfg))]
     tokenizer = await asyncio.to_thread(E5Tokenizer.load, engines_dir)
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ from inference.batcher import DynamicBatcher, combine_windows
 from inference.manager import ModelManager
 from inference.pool import InferencePool
 
-__all__ = ["Encoder", "batcher_for", "combine_windows", "open_encoder", "MANIFEST_FILE"]
+__all__ = ["Encoder", "batcher_for", "combine_windows", "open_encoder", "require_prepared", "MANIFEST_FILE"]
 
 if TYPE_CHECKING:
     from inference.process_pool import ProcessPoolEncoder
@@ -95,8 +95,7 @@ class Encoder:
         from inference.tokenizer import E5Tokenizer
 
         engines_dir = Path(engines_dir)
-        if not (engines_dir / MANIFEST_FILE).is_file():
-            raise FileNotFoundError(f"{engines_dir / MANIFEST_FILE} missing: run 'healthbot prepare-model'")
+        require_prepared(engines_dir)
         tokenizer = await asyncio.to_thread(E5Tokenizer.load, engines_dir)
         manager = await ModelManager.start(cfg, engines_dir, tokenizer.pad_id)
         batcher = batcher_for(cfg, manager, tokenizer)
@@ -140,6 +139,13 @@ class Encoder:
         """Drain the batcher (pending requests finish), then stop the pools."""
         await self.batcher.close()
         await self.pool.close()
+
+
+def require_prepared(engines_dir: Path) -> None:
+    """Raise FileNotFoundError (naming ``healthbot prepare-model``) unless ``engines_dir``
+    holds a prepared model (its :data:`MANIFEST_FILE`, written last)."""
+    if not (Path(engines_dir) / MANIFEST_FILE).is_file():
+        raise FileNotFoundError(f"{Path(engines_dir) / MANIFEST_FILE} missing: run 'healthbot prepare-model'")
 
 
 async def open_encoder(cfg: InferenceConfig, engines_dir: Path) -> Encoder | ProcessPoolEncoder:

@@ -182,8 +182,9 @@ class ProcessPoolEncoder:
             FileNotFoundError: the model is not prepared (``healthbot prepare-model``).
             EngineError: a worker could not load an engine (its message), or the devices are invalid.
         """
-        if not (Path(engines_dir) / "manifest.json").is_file():
-            raise FileNotFoundError(f"{Path(engines_dir) / 'manifest.json'} missing: run 'healthbot prepare-model'")
+        from inference.encoder import require_prepared
+
+        require_prepared(engines_dir)
         self = cls(cfg, engines_dir, encoder_factory)
         results = await asyncio.gather(*(self._spawn(w) for w in self.workers), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
