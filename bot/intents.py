@@ -24,7 +24,7 @@ from bot.types import Intent
 from safety.normalize import Normalized
 
 __all__ = ["rule_intent", "intent_reply", "unsupported_reply", "is_aftercare", "GREETING_TOKENS", "HANDOFF_PATTERNS",
-           "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS"]
+           "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
 
 # A message is a greeting when it is made only of these tokens (and punctuation/spaces).
 GREETING_TOKENS: tuple[str, ...] = (
@@ -136,6 +136,24 @@ AFTERCARE_PATTERNS: tuple[str, ...] = (
     r"(?:extraction|out|pulled)",
 )
 _AFTERCARE_RE = tuple(re.compile(p) for p in AFTERCARE_PATTERNS)
+
+
+#: Reply to an aftercare question, in our own words: the treating team's instructions come
+#: first and they are the ones to ask (the advice of health services' recovery pages, e.g.
+#: NHS "Recovering from an operation"), plus the usual warning signs that need a doctor
+#: now (fever, a red, swollen or leaking wound, worsening pain, breathing trouble).
+#: Listed for clinician review with the other safety texts.
+AFTERCARE_REPLY: dict[str, str] = {
+    "zh": "手术、打疫苗之后或治疗期间能做什么、该注意什么，要以给您做手术、治疗或接种的医院的医嘱为准，"
+          "我不能替他们回答，怕说错耽误您。请看出院或接种时给的注意事项，或打电话问主治医生、科室护士或接种点。"
+          "如果出现发热、伤口红肿渗液、疼痛越来越重、呼吸困难或胸痛，请马上就医，紧急情况拨打120。"
+          "需要人工帮助请回复“人工”。",
+    "en": "What is safe after an operation or a vaccination, or during a treatment, is for the team that treated "
+          "you to say, so I won't guess. Please follow the instructions you were given when you left, or phone the "
+          "ward, your surgeon's or specialist's clinic, or the vaccination site. If you have a fever, a wound that "
+          "is red, swollen or leaking, pain that keeps getting worse, trouble breathing or chest pain, see a doctor "
+          'now or call your emergency number. Reply "human" to talk to a person.',
+}
 
 
 def is_aftercare(norm: Normalized) -> bool:

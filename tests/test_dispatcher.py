@@ -62,6 +62,18 @@ async def test_unrelated_health_question_is_no_answer_not_a_guess(dispatcher):
     assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR)
 
 
+@pytest.mark.parametrize("q, lang, words", [
+    ("胆囊切除了 术后饮食要注意什么", "zh", ("医嘱", "主治医生", "120")),
+    ("can I have a bath after my knee operation", "en", ("team that treated you", "emergency number")),
+])
+async def test_aftercare_question_sends_the_user_to_the_treating_team(dispatcher, q, lang, words):
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent is Intent.NO_ANSWER and reply.topic is None and reply.lang == lang
+    for w in words:
+        assert w in reply.text
+    assert "全科门诊" not in reply.text and "GP or family doctor" not in reply.text
+
+
 async def test_retried_message_is_computed_once(dispatcher, monkeypatch):
     calls = 0
     search = dispatcher.retriever.search
