@@ -155,6 +155,17 @@ INFERENCE_WORKERS: Final = Gauge(
     "Inference pool workers running, by engine: the engine in use is the one with a non-zero value.",
     ["engine"], registry=REGISTRY)
 
+INFERENCE_WORKER_EXITS: Final = Counter(
+    "healthbot_inference_worker_exits",
+    "Inference worker processes (inference.device_processes) that exited, were killed as silent, or sent "
+    "a garbled message; their texts were resent to a live worker. By worker (e.g. cuda:0#1).",
+    ["worker"], registry=REGISTRY)
+
+INFERENCE_WORKER_RESTARTS: Final = Counter(
+    "healthbot_inference_worker_restarts",
+    "Inference worker processes started again after an exit, by worker.",
+    ["worker"], registry=REGISTRY)
+
 ENGINE_FALLBACKS: Final = Counter(
     "healthbot_engine_fallbacks",
     "Times an engine earlier in inference.engine_order was passed over for a later one (it failed to load "

@@ -346,6 +346,7 @@ class ProcessPoolEncoder:
                 code = await asyncio.wait_for(w.process.wait(), 2.0)
             except TimeoutError:
                 w.process.kill()
+        metrics.INFERENCE_WORKER_EXITS.labels(worker=w.label).inc()
         log.error("inference_worker_exited", worker=w.label, exit_code=code, error=repr(exc),
                   resent_texts=w.texts_in_flight, restart_in_s=w.restart_s, alive=[x.label for x in self.alive])
         lost, w.in_flight, w.texts_in_flight = list(w.in_flight.values()), {}, 0
@@ -369,6 +370,7 @@ class ProcessPoolEncoder:
                 log.error("inference_worker_restart_failed", worker=w.label, error=str(exc), retry_in_s=w.restart_s)
                 continue
             w.restarts += 1
+            metrics.INFERENCE_WORKER_RESTARTS.labels(worker=w.label).inc()
             log.warning("inference_worker_restarted", worker=w.label, pid=w.info.get("pid"), restarts=w.restarts)
 
     async def _sweep(self) -> None:
@@ -549,6 +551,7 @@ async def _serve(sock: socket.socket) -> int:
     from bot.logs import configure_logging
     from inference.bench import ceiling_run
     from inference.encoder import Encoder
+    from inference.pool import device_label
 
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     _, init = await _read(reader)
@@ -569,7 +572,7 @@ async def _serve(sock: socket.socket) -> int:
     writer.write(_frame(("ready", {
         "engine": encoder.engine_name, "precision": primary.precision, "variant": encoder.variant,
         "dim": encoder.dim, "engines": primary.workers, "pid": os.getpid(),
-        "devices": ["cpu" if d is None else f"cuda:{d}" for d in primary.devices],
+        "devices": [device_label(d) for d in primary.devices],
         "max_batch_size": encoder.batcher.max_batch_size})))
     tasks: set[asyncio.Task] = set()
     loop = asyncio.get_running_loop()

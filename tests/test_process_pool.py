@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bot import metrics
 from bot.config import Config, ConfigError, InferenceConfig, load_config
 from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded
 from inference.encoder import Encoder, open_encoder
@@ -108,6 +109,13 @@ async def test_a_killed_worker_loses_no_request_and_is_restarted(doubles_on_path
         victim = enc.workers[0]
         old_pid = victim.info["pid"]
 
+        def counts() -> tuple[float, float]:
+            return tuple(metrics.REGISTRY.get_sample_value(f"healthbot_inference_worker_{n}_total",
+                                                           {"worker": victim.label}) or 0.0
+                         for n in ("exits", "restarts"))
+
+        before = counts()
+
         async def client(i: int) -> list[float]:
             out = []
             for k in range(40):
@@ -124,6 +132,7 @@ async def test_a_killed_worker_loses_no_request_and_is_restarted(doubles_on_path
                 break
             await asyncio.sleep(0.05)
         assert victim.alive and victim.info["pid"] != old_pid
+        assert [a - b for a, b in zip(counts(), before)] == [1.0, 1.0]
         assert int((await enc.encode(["abc"]))[0, 0]) == 3
     finally:
         await enc.close()
