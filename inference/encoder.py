@@ -26,7 +26,7 @@ import structlog
 from bot.config import InferenceConfig
 from inference.batcher import DynamicBatcher, combine_windows
 from inference.manager import ModelManager
-from inference.pool import InferencePool
+from inference.pool import InferencePool, device_label
 
 __all__ = ["Encoder", "batcher_for", "combine_windows", "open_encoder", "require_prepared", "MANIFEST_FILE"]
 
@@ -101,7 +101,8 @@ class Encoder:
         batcher = batcher_for(cfg, manager, tokenizer)
         apply_process_settings(cfg)
         log.info("encoder_ready", engine=manager.engine_name, workers=manager.workers, dim=manager.dim,
-                 devices=[d for d in manager.primary.devices], fallback=getattr(manager.fallback, "engine_name", None),
+                 devices=[device_label(d) for d in manager.primary.devices],
+                 fallback=getattr(manager.fallback, "engine_name", None),
                  max_batch_size=batcher.max_batch_size, max_queue_delay_ms=batcher.max_queue_delay_ms)
         return cls(tokenizer, manager, batcher)
 

@@ -123,7 +123,7 @@ class DeviceState:
 
     @property
     def label(self) -> str:
-        return "cpu" if self.device is None else f"cuda:{self.device}"
+        return device_label(self.device)
 
 
 class InferencePool:
@@ -217,7 +217,7 @@ class InferencePool:
             if isinstance(exc, Exception):
                 raise EngineError(f"could not create engine for worker {len(made) - 1}: {exc}") from exc
             raise
-        log.info("inference_pool_started", workers=len(made), devices=[_label(d) for d in devices],
+        log.info("inference_pool_started", workers=len(made), devices=[device_label(d) for d in devices],
                  engine=made[0].engine.name, dim=made[0].engine.dim)
         return cls(made, pad_id, **kwargs)
 
@@ -432,7 +432,8 @@ class InferencePool:
         metrics.INFERENCE_WORKERS.labels(engine=self.engine_name).inc(self.workers if on else -self.workers)
 
 
-def _label(device: Device) -> str:
+def device_label(device: Device) -> str:
+    """``"cpu"`` for the CPU (None), ``"cuda:N"`` for GPU N: how logs and metrics name a device."""
     return "cpu" if device is None else f"cuda:{device}"
 
 

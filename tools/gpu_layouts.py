@@ -17,7 +17,6 @@ process's CPU use (cores). Results of 2026-11-29: docs/benchmarks.md, fourth ses
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import sys
