@@ -169,6 +169,8 @@ def test_lean_forward_equals_transformers_bertmodel(tiny):
     real = mask.sum(1) > 0
     np.testing.assert_allclose(got[real], want[real], atol=1e-5)
     assert np.isfinite(got).all()
+    folded = bert.embeddings.token_type_embeddings.weight.numel()  # its row 0 lives in the position table
+    assert LeanBert(bert, "cpu", torch.float16).weight_bytes == 2 * (sum(p.numel() for p in bert.parameters()) - folded)
 
 
 def test_fp16_forward_stays_within_cosine_0_999_of_fp32(tiny):

@@ -281,7 +281,7 @@ def memory(make_engine) -> dict[str, Any]:
            "allocated_after_mib": round((torch.cuda.memory_allocated() - base_alloc) / 2**20, 1),
            "reserved_after_mib": round((torch.cuda.memory_reserved() - base_res) / 2**20, 1),
            "peak_allocated_mib": round((torch.cuda.max_memory_allocated() - base_alloc) / 2**20, 1),
-           "weights_mib": round(sum(p.numel() * p.element_size() for p in eng._model.parameters()) / 2**20, 1)}
+           "weights_mib": round(eng._model.weight_bytes / 2**20, 1)}
     with contextlib.suppress(Exception):
         out["nvidia_smi_used_mib"] = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
                                                     capture_output=True, text=True, timeout=20).stdout.strip()
@@ -308,7 +308,7 @@ def memory_caps(bert, pad_id: int) -> dict[str, Any]:
         out[str(cap)] = {"graphs": len(eng.graph_shapes), "load_seconds": eng.load_seconds,
                          "reserved_mib": round((torch.cuda.memory_reserved() - r0) / 2**20, 1),
                          "allocated_mib": round((torch.cuda.memory_allocated() - a0) / 2**20, 1),
-                         "weights_mib": round(sum(p.numel() * p.element_size() for p in eng._model.parameters()) / 2**20, 1)}
+                         "weights_mib": round(eng._model.weight_bytes / 2**20, 1)}
         with contextlib.suppress(Exception):
             out[str(cap)]["nvidia_smi_used_mib"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
