@@ -50,7 +50,8 @@ EXPECTED_FAMILIES = {
     "healthbot_request_latency_seconds", "healthbot_requests_in_flight", "healthbot_dedup_hits",
     "healthbot_safety_outcomes", "healthbot_inference_queue_seconds", "healthbot_inference_batch_size",
     "healthbot_inference_batch_tokens", "healthbot_inference_pending", "healthbot_inference_dropped",
-    "healthbot_inference_engine_seconds", "healthbot_inference_workers", "healthbot_engine_fallbacks",
+    "healthbot_inference_engine_seconds", "healthbot_inference_workers", "healthbot_inference_worker_exits",
+    "healthbot_inference_worker_restarts", "healthbot_engine_fallbacks",
     "healthbot_engine_circuit_state", "healthbot_wechat_token_refreshes", "healthbot_wechat_api_errors",
     "healthbot_telegram_retry_after",
 }
