@@ -30,8 +30,10 @@ def setup_http(app: web.Application, dispatcher) -> None:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):
             return web.json_response({"error": "body must be a JSON object"}, status=400)
-        if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+        if not isinstance(body.get("text"), str):
             return web.json_response({"error": "field 'text' (string) is required"}, status=400)
         text = body["text"]
         if len(text) > MAX_TEXT_CHARS:

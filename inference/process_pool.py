@@ -216,7 +216,7 @@ class ProcessPoolEncoder:
         cfg = dataclasses.replace(self.cfg, devices=[str(w.device)] if w.device is not None else self.cfg.devices,
                                   device_processes=0)
         writer.write(_frame(("init", {"cfg": dataclasses.asdict(cfg), "engines_dir": str(self.engines_dir),
-                                      "encoder_factory": self.encoder_factory,
+                                      "encoder_factory": self.encoder_factory, "worker": w.label,
                                       "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())})))
         try:
             msg = await asyncio.wait_for(_read(reader), START_TIMEOUT_S)
@@ -556,6 +556,7 @@ async def _serve(sock: socket.socket) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     _, init = await _read(reader)
     configure_logging(init.get("log_level") or "INFO")
+    structlog.contextvars.bind_contextvars(worker=init.get("worker"))  # which worker each log line is from
     fields = {f.name for f in dataclasses.fields(InferenceConfig)}
     cfg = InferenceConfig(**{k: v for k, v in init["cfg"].items() if k in fields})
     create = Encoder.create

@@ -103,7 +103,10 @@ def test_http_api_and_health_endpoints(server):
                                {"Content-Type": "application/json"})
     assert status == 200
     assert '"intent": "answer"' in body and '"topic": "nutri.water"' in body
-    assert _request(server + "/api/chat", b"not json")[0] == 400
+    for bad, error in ((b"not json", "body must be a JSON object"), (b"[1, 2]", "body must be a JSON object"),
+                       (b'{"text": 5}', "field 'text' (string) is required")):
+        status, body, _ = _request(server + "/api/chat", bad)
+        assert status == 400 and error in body
     assert _request(server + "/healthz")[0] == 200
     status, body, _ = _request(server + "/readyz")
     assert status == 200 and "onnxruntime" in body

@@ -8,6 +8,7 @@ real ONNX model in real worker processes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded
 from inference.encoder import Encoder, open_encoder
 from inference.engines.base import EngineError
 from inference.process_pool import ProcessPoolEncoder, plan_devices
+from tests.conftest import restored_logging
 
 ENGINES_DIR = Config().engines_path
 needs_model = pytest.mark.skipif(not (ENGINES_DIR / "manifest.json").is_file(),
@@ -220,6 +222,17 @@ async def test_real_model_in_worker_processes_gives_the_in_process_vectors():
     np.testing.assert_allclose(together, ref, atol=1e-5)
     np.testing.assert_allclose(one_by_one, ref, atol=1e-5)
     assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+
+
+@needs_model
+async def test_each_worker_process_names_itself_in_its_log_lines(capfd):
+    with restored_logging():
+        logging.getLogger().setLevel(logging.INFO)  # workers log at the server's level
+        enc = await open_encoder(cpu_cfg(2), ENGINES_DIR)
+        await enc.close()
+    ready = [line for line in capfd.readouterr().err.splitlines() if "encoder_ready" in line]
+    assert len(ready) == 2
+    assert sorted(w for w in ("cpu#0", "cpu#1") if any(w in line for line in ready)) == ["cpu#0", "cpu#1"]
 
 
 @needs_model
