@@ -59,6 +59,7 @@ from bot import metrics
 from bot.config import InferenceConfig
 from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
+from inference.pool import device_label
 
 log = structlog.get_logger("healthbot.inference.process_pool")
 
@@ -113,14 +114,18 @@ class _Worker:
     info: dict = field(default_factory=dict)
     engine_name: str = ""
     in_flight: dict[int, _Message] = field(default_factory=dict)
-    texts_in_flight: int = 0
     calls: dict[int, asyncio.Future] = field(default_factory=dict)
     restart_s: float = RESTART_S
     restarts: int = 0
 
     @property
     def label(self) -> str:
-        return f"{'cpu' if self.device is None else f'cuda:{self.device}'}#{self.index}"
+        return f"{device_label(self.device)}#{self.index}"
+
+    @property
+    def texts_in_flight(self) -> int:
+        """Texts sent to this worker and not yet answered (routing picks the fewest)."""
+        return sum(len(msg.texts) for msg in self.in_flight.values())
 
 
 def plan_devices(cfg: InferenceConfig, count: Callable[[], int] | None = None) -> list[int | None]:
@@ -304,7 +309,6 @@ class ProcessPoolEncoder:
         self._next_id += 1
         msg.sent_at = time.monotonic()
         w.in_flight[self._next_id] = msg
-        w.texts_in_flight += len(msg.texts)
         w.writer.write(_frame(("encode", self._next_id, msg.prefix, msg.texts)))
 
     async def _read_loop(self, w: _Worker, reader: asyncio.StreamReader) -> None:
@@ -316,7 +320,6 @@ class ProcessPoolEncoder:
                     msg = w.in_flight.pop(m[1], None)
                     if msg is None:
                         continue
-                    w.texts_in_flight -= len(msg.texts)
                     w.engine_name = m[2]
                     vectors = m[3]
                     for fut, start, n in msg.calls:
@@ -325,7 +328,6 @@ class ProcessPoolEncoder:
                 elif kind == "err":
                     msg = w.in_flight.pop(m[1], None)
                     if msg is not None:
-                        w.texts_in_flight -= len(msg.texts)
                         _fail(msg, _ERRORS.get(m[2], EngineError)(m[3]))
                 elif kind == "result":
                     fut = w.calls.pop(m[1], None)
@@ -349,7 +351,7 @@ class ProcessPoolEncoder:
         metrics.INFERENCE_WORKER_EXITS.labels(worker=w.label).inc()
         log.error("inference_worker_exited", worker=w.label, exit_code=code, error=repr(exc),
                   resent_texts=w.texts_in_flight, restart_in_s=w.restart_s, alive=[x.label for x in self.alive])
-        lost, w.in_flight, w.texts_in_flight = list(w.in_flight.values()), {}, 0
+        lost, w.in_flight = list(w.in_flight.values()), {}
         for msg in lost:
             self._send(msg)
         for fut in w.calls.values():
@@ -384,9 +386,8 @@ class ProcessPoolEncoder:
             for w in self.alive:
                 late = [mid for mid, msg in w.in_flight.items() if now - msg.sent_at > limit]
                 for mid in late:
-                    msg = w.in_flight.pop(mid)
-                    w.texts_in_flight -= len(msg.texts)
-                    _fail(msg, DeadlineExceeded(f"inference worker {w.label} did not answer within {limit:.1f} s"))
+                    _fail(w.in_flight.pop(mid),
+                          DeadlineExceeded(f"inference worker {w.label} did not answer within {limit:.1f} s"))
                 if late and w.process is not None and w.process.returncode is None:
                     log.error("inference_worker_silent", worker=w.label, messages=len(late), waited_s=round(limit, 2),
                               action="killed; restarted like any exited worker")
@@ -511,7 +512,7 @@ class WorkerMetrics:
                 if out is None:
                     out = merged[name] = Metric(name, f"Worker processes: {fam.documentation}", fam.type, fam.unit)
                 for smp in fam.samples:
-                    out.add_sample(_worker_name(fam.name) + smp.name[len(fam.name):], {**smp.labels, "worker": worker},
+                    out.add_sample(name + smp.name[len(fam.name):], {**smp.labels, "worker": worker},
                                    smp.value, smp.timestamp, smp.exemplar)
         yield from merged.values()
 
@@ -551,7 +552,6 @@ async def _serve(sock: socket.socket) -> int:
     from bot.logs import configure_logging
     from inference.bench import ceiling_run
     from inference.encoder import Encoder
-    from inference.pool import device_label
 
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     _, init = await _read(reader)
