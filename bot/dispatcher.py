@@ -25,7 +25,7 @@ from bot import metrics
 from bot.config import Config
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
-from bot.intents import (AFTERCARE_REPLY, abuse_reply, intent_reply, is_abuse, is_aftercare, rule_intent,
+from bot.intents import (abuse_reply, aftercare_reply, intent_reply, is_abuse, is_aftercare, rule_intent,
                          unsupported_reply)
 from bot.knowledge import KnowledgeBase
 from bot.logs import ensure_request_id
@@ -259,7 +259,7 @@ class Dispatcher:
         if scope is not None:
             return out(scope.reply, Intent.REFER_DOCTOR), {"rule": scope.reason, **notes}
         if is_aftercare(norm):
-            return out(AFTERCARE_REPLY["zh" if lang == "zh" else "en"], Intent.NO_ANSWER, handoff=True), {"rule": "aftercare", **notes}
+            return out(aftercare_reply(lang), Intent.NO_ANSWER, handoff=True), {"rule": "aftercare", **notes}
         session = await self.sessions.get(inbound.channel, inbound.user_id)
         context = None
         if session.last_topic and is_follow_up(norm.text):

@@ -23,8 +23,8 @@ import re
 from bot.types import Intent
 from safety.normalize import Normalized
 
-__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "is_aftercare", "GREETING_TOKENS", "HANDOFF_PATTERNS",
-           "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
+__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "aftercare_reply", "is_aftercare", "GREETING_TOKENS",
+           "HANDOFF_PATTERNS", "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
 
 # A message is a greeting when it is made only of these tokens (and punctuation/spaces).
 GREETING_TOKENS: tuple[str, ...] = (
@@ -154,6 +154,11 @@ AFTERCARE_REPLY: dict[str, str] = {
           "is red, swollen or leaking, pain that keeps getting worse, trouble breathing or chest pain, see a doctor "
           'now or call your emergency number. Reply "human" to talk to a person.',
 }
+
+
+def aftercare_reply(lang: str) -> str:
+    """:data:`AFTERCARE_REPLY` in ``lang`` (``"zh"``, else English, as :func:`intent_reply`)."""
+    return AFTERCARE_REPLY["zh" if lang == "zh" else "en"]
 
 
 def is_aftercare(norm: Normalized) -> bool:
