@@ -146,6 +146,13 @@ class InferenceConfig:
     (inference/process_pool.py). One Python process feeds one H200 at about
     30k encodes/s; a process per GPU scales with the GPUs (docs/benchmarks.md).
 
+    ``engine_server``: with ``device_processes`` ≥ 1 on GPUs, one engine server
+    process per GPU owns its GPU engine, and the worker processes (tokenizer,
+    batcher, CPU fallback) send it their padded batches, which it merges into
+    fewer, larger GPU batches (inference/engine_server.py). Ignored on the CPU.
+    ``engine_socket``: set by the process pool in the worker processes it starts
+    (the engine server's Unix socket); leave it empty.
+
     ``switch_interval_ms``: the interpreter's GIL switch interval
     (``sys.setswitchinterval``) set when the encoder starts; 0 keeps Python's 5 ms.
     A pool worker or the tokenizer thread coming back from GPU or Rust work may
@@ -172,6 +179,8 @@ class InferenceConfig:
     gc_freeze: bool = True
     switch_interval_ms: float = 0.0
     device_processes: int = 0
+    engine_server: bool = False
+    engine_socket: str = ""
 
     def validate(self) -> None:
         """Check the inference keys; raises :class:`ConfigError` naming the key.

@@ -113,9 +113,18 @@ def _gpu_visible() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*")) or bool(os.environ.get("HEALTHBOT_ASSUME_GPU"))
 
 
+def _load_remote(cfg: InferenceConfig, name: str) -> Engine:
+    """``name`` served by this GPU's engine server (a worker process with ``inference.engine_socket``)."""
+    from inference.engines.remote import RemoteEngine
+
+    return RemoteEngine(cfg.engine_socket, expect=name, timeout_s=cfg.deadline_ms / 1000.0 + 1.0)
+
+
 def _load_tensorrt(cfg: InferenceConfig, engines_dir: Path, device: Device = None) -> Engine:
     if not _gpu_visible():
         raise EngineError(NO_GPU)
+    if cfg.engine_socket:
+        return _load_remote(cfg, "tensorrt")
     from inference.engines.tensorrt import TensorRTEngine
 
     # build_missing=False: a missing engine falls back at once; build it with
@@ -126,6 +135,8 @@ def _load_tensorrt(cfg: InferenceConfig, engines_dir: Path, device: Device = Non
 def _load_torch_cuda(cfg: InferenceConfig, engines_dir: Path, device: Device = None) -> Engine:
     if not _gpu_visible():
         raise EngineError(NO_GPU)
+    if cfg.engine_socket:
+        return _load_remote(cfg, "torch_cuda")
     from inference.engines.torch_cuda import TorchCudaEngine
 
     return TorchCudaEngine.from_engines_dir(engines_dir, device=device or 0)
@@ -143,9 +154,12 @@ _LOADERS: dict[str, Callable[[InferenceConfig, Path, Device], Engine]] = {
 def visible_gpu_count() -> int:
     """GPUs this process can use: PyTorch's count when torch has CUDA, else cuda-python's
     ``cudaGetDeviceCount``, else the ``/dev/nvidia<N>`` nodes (limited by
-    ``CUDA_VISIBLE_DEVICES``); 0 without any."""
+    ``CUDA_VISIBLE_DEVICES``); 0 without any. ``HEALTHBOT_ASSUME_GPU=N`` (tests, whose
+    GPU engines are doubles) makes it N."""
     if not _gpu_visible():
         return 0
+    if os.environ.get("HEALTHBOT_ASSUME_GPU", "").isdigit():
+        return int(os.environ["HEALTHBOT_ASSUME_GPU"])
     try:
         import torch
 

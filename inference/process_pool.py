@@ -43,10 +43,12 @@ import importlib
 import logging
 import os
 import pickle
+import shutil
 import signal
 import socket
 import struct
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,9 +119,13 @@ class _Worker:
     calls: dict[int, asyncio.Future] = field(default_factory=dict)
     restart_s: float = RESTART_S
     restarts: int = 0
+    #: Non-empty for an engine server (inference/engine_server.py): the Unix socket it listens on.
+    server_path: str = ""
 
     @property
     def label(self) -> str:
+        if self.server_path:
+            return f"engine-server:{device_label(self.device)}"
         return f"{device_label(self.device)}#{self.index}"
 
     @property
@@ -158,11 +164,18 @@ class ProcessPoolEncoder:
     engines per process, device, GPU memory).
     """
 
-    def __init__(self, cfg: InferenceConfig, engines_dir: Path, encoder_factory: str = "") -> None:
+    def __init__(self, cfg: InferenceConfig, engines_dir: Path, encoder_factory: str = "",
+                 server_loader: str = "") -> None:
         self.cfg = cfg
         self.encoder_factory = encoder_factory
+        self.server_loader = server_loader
         self.engines_dir = Path(engines_dir).resolve()
         self.workers = [_Worker(i, d) for i, d in enumerate(plan_devices(cfg))]
+        gpus = sorted({w.device for w in self.workers if w.device is not None})
+        self._socket_dir = tempfile.mkdtemp(prefix="healthbot-engines-") if cfg.engine_server and gpus else ""
+        #: One engine server per GPU (``inference.engine_server``), by device index.
+        self.servers = {d: _Worker(-1, d, server_path=os.path.join(self._socket_dir, f"cuda{d}.sock"))
+                        for d in (gpus if self._socket_dir else [])}
         self.info: dict = {}
         self.dim = 0
         self._pending: list[tuple[str, list[str], asyncio.Future]] = []
@@ -176,12 +189,21 @@ class ProcessPoolEncoder:
 
     # ------------------------------------------------------------------ start
     @classmethod
-    async def create(cls, cfg: InferenceConfig, engines_dir: Path, encoder_factory: str = "") -> ProcessPoolEncoder:
-        """Start ``cfg.device_processes`` worker processes per device and wait until each is ready.
+    async def create(cls, cfg: InferenceConfig, engines_dir: Path, encoder_factory: str = "",
+                     server_loader: str = "") -> ProcessPoolEncoder:
+        """Start the engine servers (``cfg.engine_server``, one per GPU), then
+        ``cfg.device_processes`` worker processes per device, and wait until each is ready.
+
+        An engine server that cannot load its engine is logged; the worker processes of
+        its GPU then cannot reach it and load the next engine of ``inference.engine_order``
+        themselves (the CPU engine), as a worker does whose GPU engine fails to load.
 
         ``encoder_factory``: ``"module:function"``, an async ``function(cfg, engines_dir)``
         the workers build their encoder with instead of :meth:`Encoder.create` (tests,
         and the bench of this process's own cost with an engine that does nothing).
+        ``server_loader``: ``"module:function"``, ``function(cfg, engines_dir, device) -> Engine``
+        the engine servers load their engine with instead of
+        :func:`inference.engine_server.load_engine` (tests).
 
         Raises:
             FileNotFoundError: the model is not prepared (``healthbot prepare-model``).
@@ -190,7 +212,13 @@ class ProcessPoolEncoder:
         from inference.encoder import require_prepared
 
         require_prepared(engines_dir)
-        self = cls(cfg, engines_dir, encoder_factory)
+        self = cls(cfg, engines_dir, encoder_factory, server_loader)
+        for server, result in zip(self.servers.values(),
+                                  await asyncio.gather(*(self._spawn(s) for s in self.servers.values()),
+                                                       return_exceptions=True)):
+            if isinstance(result, BaseException):
+                log.error("engine_server_failed", server=server.label, error=str(result),
+                          action="its worker processes load the next engine of inference.engine_order")
         results = await asyncio.gather(*(self._spawn(w) for w in self.workers), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -212,17 +240,22 @@ class ProcessPoolEncoder:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             w.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "inference.process_pool", "--fd", str(child_sock.fileno()),
-                pass_fds=(child_sock.fileno(),), env=_child_env())
+                sys.executable, "-m", "inference.engine_server" if w.server_path else "inference.process_pool",
+                "--fd", str(child_sock.fileno()), pass_fds=(child_sock.fileno(),), env=_child_env())
         finally:
             child_sock.close()
         reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
         w.writer = writer
+        server = self.servers.get(w.device)
         cfg = dataclasses.replace(self.cfg, devices=[str(w.device)] if w.device is not None else self.cfg.devices,
-                                  device_processes=0)
-        writer.write(_frame(("init", {"cfg": dataclasses.asdict(cfg), "engines_dir": str(self.engines_dir),
-                                      "encoder_factory": self.encoder_factory, "worker": w.label,
-                                      "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())})))
+                                  device_processes=0, engine_socket=server.server_path if server else "")
+        init = {"cfg": dataclasses.asdict(cfg), "engines_dir": str(self.engines_dir), "worker": w.label,
+                "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())}
+        if w.server_path:
+            init.update(device=w.device, path=w.server_path, loader=self.server_loader)
+        else:
+            init.update(encoder_factory=self.encoder_factory)
+        writer.write(_frame(("init", init)))
         try:
             msg = await asyncio.wait_for(_read(reader), START_TIMEOUT_S)
         except (asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
@@ -231,8 +264,8 @@ class ProcessPoolEncoder:
                               f"(exit code {w.process.returncode}; see its log above): {exc!r}") from None
         if msg[0] != "ready":
             await self._stop(w)
-            raise EngineError(f"inference worker {w.label}: {msg[1]}")
-        w.info, w.engine_name, w.alive = msg[1], msg[1]["engine"], True
+            raise EngineError(f"inference process {w.label}: {msg[1]}")
+        w.info, w.engine_name, w.alive = msg[1], msg[1].get("engine") or msg[1].get("name", ""), True
         w.restart_s = RESTART_S
         w.reader_task = asyncio.get_running_loop().create_task(self._read_loop(w, reader))
 
@@ -431,6 +464,11 @@ class ProcessPoolEncoder:
         got = await asyncio.gather(*(self.call(w, "stats") for w in self.alive))
         return sum(g[0] for g in got), sum(g[1] for g in got)
 
+    async def server_stats(self) -> tuple[int, int]:
+        """``(merged batches run, rows run)`` summed over the live engine servers; (0, 0) without."""
+        got = await asyncio.gather(*(self.call(s, "stats") for s in self.servers.values() if s.alive))
+        return sum(g["batches"] for g in got), sum(g["rows"] for g in got)
+
     # ------------------------------------------------------------------ close
     async def close(self) -> None:
         """Answer the texts in flight, then stop every worker (``close``; killed after 30 s). Idempotent."""
@@ -447,6 +485,9 @@ class ProcessPoolEncoder:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*(self._stop(w) for w in self.workers))
+        await asyncio.gather(*(self._stop(s) for s in self.servers.values()))
+        if self._socket_dir:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         metrics.INFERENCE_WORKERS.labels(engine=self.info["engine"]).dec(self._engines)
         metrics.REGISTRY.unregister(self._worker_metrics)
 

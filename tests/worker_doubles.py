@@ -54,3 +54,36 @@ async def length_encoder(cfg, engines_dir) -> LengthEncoder:
 
 async def no_engine(cfg, engines_dir):
     raise EngineError("torch_cuda: no GPU visible (inference.devices = ['all'])")
+
+
+class GpuEngineDouble:
+    """The real ONNX model on the CPU under the name of a GPU engine (``torch_cuda``), for the
+    engine server in tests/test_engine_server.py; ``infer`` records each batch's rows."""
+
+    name = "torch_cuda"
+    gpu_memory_bytes = 123 * 2**20
+
+    def __init__(self, engines_dir, max_batch_size: int = 256) -> None:
+        from pathlib import Path
+
+        from inference.engines.onnxruntime import OnnxRuntimeEngine
+
+        self._ort = OnnxRuntimeEngine(Path(engines_dir) / "model.onnx", intra_op_threads=1, max_batch_size=max_batch_size)
+        self.dim, self.max_batch_size, self.max_seq_len = self._ort.dim, max_batch_size, self._ort.max_seq_len
+        self.precision = "fp32"
+        self.batch_rows: list[int] = []
+
+    def infer(self, input_ids, attention_mask):
+        self.batch_rows.append(input_ids.shape[0])
+        return self._ort.infer(input_ids, attention_mask)
+
+    def close(self) -> None:
+        self._ort.close()
+
+
+def gpu_engine_double(cfg, engines_dir, device) -> GpuEngineDouble:
+    return GpuEngineDouble(engines_dir, cfg.gpu_max_batch_size)
+
+
+def no_gpu_engine(cfg, engines_dir, device):
+    raise EngineError("torch_cuda: CUDA error: no kernel image is available for execution on the device")

@@ -1,0 +1,238 @@
+"""Engine server (inference/engine_server.py) and its client engine (inference/engines/remote.py).
+
+The server loop runs over the real ONNX model on real Unix sockets, first on a
+thread of this process, then as the process pool starts it (real processes, a
+GPU engine double that computes with the real model on the CPU: no GPU here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bot.config import Config, InferenceConfig
+from inference.encoder import Encoder
+from inference.engine_server import EngineServer, merge, merge_plan, seq_bucket
+from inference.engines.base import EngineError
+from inference.engines.remote import RemoteEngine
+from inference.pool import pad_batch
+from inference.process_pool import ProcessPoolEncoder
+from inference.tokenizer import E5Tokenizer
+from tests.worker_doubles import GpuEngineDouble
+
+ENGINES_DIR = Config().engines_path
+needs_model = pytest.mark.skipif(not (ENGINES_DIR / "manifest.json").is_file(),
+                                 reason="run 'healthbot prepare-model' first (CI does)")
+DOUBLES = str(Path(__file__).parent)
+QUESTIONS = ["失眠怎么调理", "手脚冰凉怎么办", "how much water should I drink a day", "高血压的人早餐吃什么好",
+             "老人膝盖疼能不能爬山", "孩子发烧38度5要不要去医院", "what foods are high in iron", "晚上总是睡不着"]
+
+
+# ------------------------------------------------------------------ merging
+
+def test_merge_plan_joins_batches_of_one_sequence_bucket_up_to_the_row_cap():
+    assert [seq_bucket(t) for t in (1, 16, 17, 32, 300, 600)] == [16, 16, 32, 32, 512, 512]
+    shapes = [(20, 27), (30, 12), (40, 31), (100, 20), (200, 29)]
+    # 27, 31, 20, 29 tokens share the 32 bucket; 12 tokens does not; 20+40+100 ≤ 256 < +200.
+    assert merge_plan(shapes, 256) == [[0, 2, 3], [1], [4]]
+    assert merge_plan(shapes, 1) == [[0], [1], [2], [3], [4]]
+
+
+def test_merge_pads_added_columns_with_a_zero_mask():
+    a = (np.array([[0, 5, 2]]), np.array([[1, 1, 1]]))
+    b = (np.array([[0, 7, 8, 9, 2], [0, 6, 2, 1, 1]]), np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
+    ids, mask = merge([a, b])
+    assert ids.tolist() == [[0, 5, 2, 0, 0], [0, 7, 8, 9, 2], [0, 6, 2, 1, 1]]
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+
+
+# ------------------------------------------------------------------ the server loop on a thread
+
+class _SlowFirst:
+    """Wraps an engine: the first batch takes 0.3 s, so the batches sent meanwhile wait together."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.calls = engine, 0
+        self.name, self.dim = engine.name, engine.dim
+        self.max_batch_size, self.max_seq_len = engine.max_batch_size, engine.max_seq_len
+
+    def infer(self, ids, mask):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(0.3)
+        if (ids == 666).any():
+            raise EngineError("device lost")
+        return self.engine.infer(ids, mask)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _Running:
+    def __init__(self, tmp_path: Path, engine) -> None:
+        self.path = str(tmp_path / "s.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(8)
+        self.control, self._parent = socket.socketpair()
+        info = {"name": engine.name, "dim": engine.dim, "max_batch_size": engine.max_batch_size,
+                "max_seq_len": engine.max_seq_len, "precision": "fp32", "gpu_memory_bytes": 5, "device": 0}
+        self.server = EngineServer(engine, self.listener, self.control, 256, info)
+        self.thread = threading.Thread(target=self.server.serve, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._parent.close()  # end of file on the control socket stops the server
+        self.thread.join(5)
+        self.listener.close()
+
+
+@pytest.fixture
+def tokenizer():
+    return E5Tokenizer.load(ENGINES_DIR)
+
+
+@needs_model
+def test_batches_sent_while_the_engine_is_busy_run_as_one_and_each_gets_its_own_rows(tmp_path, tokenizer):
+    engine = GpuEngineDouble(ENGINES_DIR)
+    running = _Running(tmp_path, _SlowFirst(engine))
+    try:
+        # Four workers' batches: 2 + 1 + 3 + 2 questions, different lengths (all in the 16 or 32 bucket).
+        parts = [QUESTIONS[0:2], QUESTIONS[2:3], QUESTIONS[3:6], QUESTIONS[6:8]]
+        batches = [pad_batch([w for ws in tokenizer.encode_batch(p, "query: ") for w in ws], tokenizer.pad_id)
+                   for p in parts]
+        want = [engine.infer(ids, mask) for ids, mask in batches]
+        engine.batch_rows.clear()
+        clients = [RemoteEngine(running.path, "torch_cuda", timeout_s=10) for _ in parts]
+        assert (clients[0].dim, clients[0].precision, clients[0].gpu_memory_bytes) == (384, "fp32", 5)
+        got: dict[int, np.ndarray] = {}
+        first = threading.Thread(target=lambda: got.__setitem__(0, clients[0].infer(*batches[0])))
+        first.start()
+        time.sleep(0.1)  # the server is now inside the slow first batch
+        rest = [threading.Thread(target=lambda i=i: got.__setitem__(i, clients[i].infer(*batches[i])))
+                for i in (1, 2, 3)]
+        for t in rest:
+            t.start()
+        for t in [first, *rest]:
+            t.join(10)
+        for i in range(4):
+            np.testing.assert_allclose(got[i], want[i], atol=1e-5)
+        assert running.server.requests == 4
+        buckets = {seq_bucket(ids.shape[1]) for ids, _ in batches[1:]}
+        assert running.server.batches == 1 + len(buckets) < 4
+        assert sorted(engine.batch_rows) == sorted([2] + [sum(b[0].shape[0] for b in batches[1:]
+                                                              if seq_bucket(b[0].shape[1]) == k) for k in buckets])
+    finally:
+        running.stop()
+
+
+@needs_model
+def test_a_failed_batch_is_an_engine_error_for_its_caller_and_the_connection_stays_usable(tmp_path):
+    running = _Running(tmp_path, _SlowFirst(GpuEngineDouble(ENGINES_DIR)))
+    try:
+        client = RemoteEngine(running.path, "torch_cuda", timeout_s=10)
+        ok = (np.array([[0, 9, 2]]), np.array([[1, 1, 1]]))
+        assert client.infer(*ok).shape == (1, 384)
+        with pytest.raises(EngineError, match="device lost"):
+            client.infer(np.array([[0, 666, 2]]), np.array([[1, 1, 1]]))
+        assert client.infer(*ok).shape == (1, 384)
+        with pytest.raises(EngineError, match=r"outside \[1\.\.256"):
+            client.infer(np.zeros((300, 3), dtype=np.int64), np.ones((300, 3), dtype=np.int64))
+    finally:
+        running.stop()
+
+
+@needs_model
+def test_a_server_with_another_engine_is_refused_and_a_gone_server_is_an_engine_error(tmp_path):
+    running = _Running(tmp_path, GpuEngineDouble(ENGINES_DIR))
+    with pytest.raises(EngineError, match="runs torch_cuda, not tensorrt"):
+        RemoteEngine(running.path, "tensorrt", timeout_s=10)
+    client = RemoteEngine(running.path, "torch_cuda", timeout_s=10)
+    running.stop()
+    with pytest.raises(EngineError, match="engine server at"):
+        client.infer(np.array([[0, 9, 2]]), np.array([[1, 1, 1]]))
+    with pytest.raises(EngineError, match="unreachable"):
+        client.infer(np.array([[0, 9, 2]]), np.array([[1, 1, 1]]))
+    with pytest.raises(EngineError, match="unreachable"):
+        RemoteEngine(str(tmp_path / "none.sock"), "torch_cuda", timeout_s=1)
+
+
+# ------------------------------------------------------------------ started by the process pool
+
+@pytest.fixture
+def one_fake_gpu(monkeypatch):
+    """One 'GPU' for the pool's placement (HEALTHBOT_ASSUME_GPU=1, inherited by the processes),
+    tests/worker_doubles.py importable there."""
+    monkeypatch.setenv("HEALTHBOT_ASSUME_GPU", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [DOUBLES, os.environ.get("PYTHONPATH")])))
+
+
+def server_cfg(**kw) -> InferenceConfig:
+    return InferenceConfig(device_processes=2, engine_server=True, engine_order=["torch_cuda", "onnxruntime"],
+                           onnx_precision="fp32", fallback_engine="onnxruntime", intra_op_threads=1,
+                           max_queue_delay_ms=0, circuit_failures=1, circuit_reset_s=0.5, circuit_max_reset_s=1.0,
+                           **kw)
+
+
+async def _reference(texts: list[str]) -> np.ndarray:
+    enc = await Encoder.create(InferenceConfig(engine_order=["onnxruntime"], onnx_precision="fp32",
+                                               fallback_engine=""), ENGINES_DIR)
+    try:
+        return await enc.encode(texts)
+    finally:
+        await enc.close()
+
+
+@needs_model
+async def test_worker_processes_run_their_batches_in_the_engine_server_and_survive_its_death(one_fake_gpu):
+    texts = QUESTIONS + ["长" * 700]
+    ref = await _reference(texts)
+    enc = await ProcessPoolEncoder.create(server_cfg(), ENGINES_DIR, server_loader="worker_doubles:gpu_engine_double")
+    try:
+        assert [w.label for w in enc.workers] == ["cuda:0#0", "cuda:0#1"]
+        server = enc.servers[0]
+        assert server.alive and server.label == "engine-server:cuda:0"
+        assert (enc.engine_name, enc.variant) == ("torch_cuda", "torch_cuda/fp32")
+        got = np.vstack(await asyncio.gather(*(enc.encode([t]) for t in texts)))
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+        batches, rows = await enc.server_stats()
+        assert rows >= len(texts) + 1 and 1 <= batches <= rows  # the 700-character text is 2 windows
+
+        # The server dies: the workers' batches fail over to their CPU engine, nothing is lost.
+        pid = server.info["pid"]
+        os.kill(pid, signal.SIGKILL)
+        got = np.vstack(await asyncio.gather(*(enc.encode([t]) for t in texts)))
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+        assert {w.engine_name for w in enc.workers} == {"onnxruntime"}
+        # It is restarted, and the workers' circuits close again on their next probe.
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            await asyncio.gather(*(enc.encode([t]) for t in texts))  # traffic for both workers
+            if server.alive and server.info["pid"] != pid and {w.engine_name for w in enc.workers} == {"torch_cuda"}:
+                break
+        assert server.info["pid"] != pid and server.restarts == 1
+        assert {w.engine_name for w in enc.workers} == {"torch_cuda"}
+        np.testing.assert_allclose(await enc.encode(texts), ref, atol=1e-5)
+    finally:
+        await enc.close()
+    assert enc.servers[0].process.returncode is not None
+    assert not Path(enc.servers[0].server_path).parent.exists()
+
+
+@needs_model
+async def test_an_engine_server_that_cannot_load_leaves_the_workers_on_their_cpu_engine(one_fake_gpu):
+    enc = await ProcessPoolEncoder.create(server_cfg(), ENGINES_DIR, server_loader="worker_doubles:no_gpu_engine")
+    try:
+        assert not enc.servers[0].alive
+        assert enc.engine_name == "onnxruntime"
+        np.testing.assert_allclose(await enc.encode(QUESTIONS[:2]), await _reference(QUESTIONS[:2]), atol=1e-5)
+    finally:
+        await enc.close()
