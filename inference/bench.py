@@ -279,8 +279,10 @@ def _served_record(spec: EngineSpec, precision: str, batched: bool, concurrency:
                    processes: int | None = None) -> dict[str, Any]:
     """One run through the front end (``r`` from :func:`drive`) as a ``runs`` entry; its progress line emitted."""
     where = f", {processes} processes" if processes else ""
+    merged = f", engine server batch {r['mean_engine_batch_size']}" if "mean_engine_batch_size" in r else ""
     progress(f"{spec.name}/{precision} {'batched' if batched else 'unbatched'} c={concurrency}{where}: "
-             f"{r['throughput']:.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms batch {r['mean_batch_size']}")
+             f"{r['throughput']:.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms batch {r['mean_batch_size']}"
+             f"{merged}")
     return {"engine": spec.name, "precision": precision, "batched": batched, "concurrency": concurrency,
             "engine_only": False, "max_batch_size": max_batch_size, "max_queue_delay_ms": max_queue_delay_ms,
             **({"processes": processes} if processes else {}), **r}
@@ -340,9 +342,14 @@ async def bench_processes(spec: EngineSpec, cfg: InferenceConfig, engines_dir: P
                 await enc.encode([text])
             for c in concurrencies:
                 b0, r0 = await enc.batch_stats()
+                s0 = await enc.server_stats()
                 r = await drive(lambda t, enc=enc: enc.encode([t]), texts, c, run_seconds)
                 b1, r1 = await enc.batch_stats()
+                s1 = await enc.server_stats()
                 r["mean_batch_size"] = round((r1 - r0) / (b1 - b0), 2) if b1 > b0 else 0.0
+                if enc.servers:  # the GPU's batches: the workers' batches merged in the engine server
+                    r["mean_engine_batch_size"] = (round((s1[1] - s0[1]) / (s1[0] - s0[0]), 2)
+                                                   if s1[0] > s0[0] else 0.0)
                 runs.append(_served_record(spec, precision, batched, c, r, enc.info["max_batch_size"],
                                            bcfg.max_queue_delay_ms, progress, processes=len(enc.workers)))
             if batched and ceiling_seconds > 0:
@@ -471,7 +478,7 @@ async def run_bench(cfg: InferenceConfig, engines_dir: Path, concurrencies: Sequ
         "batcher": {"max_batch_size": cfg.max_batch_size, "gpu_max_batch_size": cfg.gpu_max_batch_size,
                     "max_batch_tokens": cfg.max_batch_tokens, "max_queue_delay_ms": cfg.max_queue_delay_ms,
                     "workers": cfg.workers, "device_processes": cfg.device_processes,
-                    "intra_op_threads": cfg.intra_op_threads,
+                    "engine_server": cfg.engine_server, "intra_op_threads": cfg.intra_op_threads,
                     "switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 3)},
         "run_seconds": run_seconds,
         "total_seconds": round(time.perf_counter() - t0, 1),
@@ -501,6 +508,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"batched = max_batch_size {b['max_batch_size']} (GPU {b['gpu_max_batch_size']}), "
         f"max_queue_delay_ms {b['max_queue_delay_ms']}, max_batch_tokens {b['max_batch_tokens']}, "
         f"{b['workers']} engine(s) per {'worker process' if b.get('device_processes') else 'device'}, "
+        f"{'engine server per GPU, ' if b.get('engine_server') else ''}"
         f"GIL switch interval {b.get('switch_interval_ms')} ms; "
         f"unbatched = max_batch_size 1",
     ]
@@ -521,7 +529,9 @@ def format_table(result: dict[str, Any]) -> str:
             continue
         lines.append(f"{r['engine']:<12} {r['precision']:<5} {'batched' if r['batched'] else 'unbatched':<11} "
                      f"{r['concurrency']:>4} {r['throughput']:>10.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-                     f"{r['mean_batch_size']:>6.2f} {r['requests']:>6} {r['errors']:>6}")
+                     f"{r['mean_batch_size']:>6.2f} {r['requests']:>6} {r['errors']:>6}"
+                     + (f"  (engine server batch {r['mean_engine_batch_size']:.2f})"
+                        if "mean_engine_batch_size" in r else ""))
     lines += [f"{k}: {v}" for k, v in summarize(result).items()]
     lines.append(f"total {result.get('total_seconds')} s")
     return "\n".join(lines)

@@ -709,6 +709,18 @@ CLI_PLANS["mps"] = [  # run under an NVIDIA MPS control daemon (kernels of sever
     ("mps-gpu0-4proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "1"},
      ["--concurrency", "256", "--batched-only"]),
 ]
+_S = {_I + "DEVICES": "0", _I + "ENGINE_SERVER": "true"}
+CLI_PLANS["server"] = [  # one engine server on GPU 0, worker processes sending it their batches
+    ("server-4proc-w1", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "1"}, ["--concurrency", "1,32,256"]),
+    ("server-2proc-w2", {**_S, _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "2"},
+     ["--concurrency", "256", "--batched-only"]),
+    ("server-4proc-w2", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "2"},
+     ["--concurrency", "256", "--batched-only"]),
+    ("server-6proc-w1", {**_S, _I + "DEVICE_PROCESSES": "6", _I + "WORKERS": "1"},
+     ["--concurrency", "256", "--batched-only"]),
+    ("noserver-2proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
+     ["--concurrency", "256", "--batched-only"]),
+]
 CLI_COMMON = {_I + "MAX_QUEUE_DELAY_MS": "0", _I + "MAX_QUEUE_SIZE": "8192", _I + "SWITCH_INTERVAL_MS": "0.5"}
 
 
