@@ -14,8 +14,8 @@ here; whatever batches arrived while the GPU was busy run as one.
 Started by :class:`~inference.process_pool.ProcessPoolEncoder` as ``python -m
 inference.engine_server --fd N`` (a fresh interpreter), with a control socket
 (``N``) and a Unix socket path that worker processes connect to. Messages on
-both are a 4-byte little-endian length and a pickle (protocol 5); both ends are
-processes of this user (the socket's folder is created mode 0700 by the pool).
+both are framed by :mod:`inference.framing` (processes of this user only: the
+socket's folder is created mode 0700 by the pool).
 
 - control, parent → server: ``("init", {cfg, engines_dir, device, path})`` once,
   ``("call", id, "stats")``, ``("close",)``; server → parent: ``("ready", info)``
@@ -30,13 +30,12 @@ processes of this user (the socket's folder is created mode 0700 by the pool).
 ``device``, ``pid``.
 
 **Merging.** The server takes every batch waiting when the GPU becomes free
-(no added delay: the front ends' batchers already waited), groups them by
-sequence bucket (:data:`~inference.build_engine.DEFAULT_SEQ_BUCKETS`: a 16-token
-batch is not padded to 512 because a passage came in), and runs each group in
-chunks of whole batches up to ``min(engine.max_batch_size,
-inference.gpu_max_batch_size)`` rows, padded to the group's longest window.
-Added columns get id 0 with mask 0: masked positions do not change the output
-(attention ignores them as keys, mean pooling skips them).
+(no added delay: the front ends' batchers already waited) and runs them in as
+few engine calls as :func:`merge_plan` allows: up to ``min(engine.max_batch_size,
+inference.gpu_max_batch_size)`` rows and ``inference.max_batch_tokens`` padded
+tokens per call, padded to the group's longest window. Added columns get id 0
+with mask 0: masked positions do not change the output (attention ignores them
+as keys, mean pooling skips them).
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ import pickle
 import selectors
 import signal
 import socket
-import struct
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -59,68 +57,38 @@ import numpy as np
 import structlog
 
 from bot.config import InferenceConfig
-from inference.build_engine import DEFAULT_SEQ_BUCKETS
 from inference.engines.base import Engine, EngineError
+from inference.framing import recv_frame, send_frame
 
 log = structlog.get_logger("healthbot.inference.engine_server")
 
-_HEADER = struct.Struct("<I")
+def merge_plan(shapes: Sequence[tuple[int, int]], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Which waiting batches run together (first fit, in arrival order).
 
-
-def send_frame(sock: socket.socket, obj: Any) -> None:
-    """Send one message (length + pickle) on a blocking socket; raises OSError."""
-    data = pickle.dumps(obj, protocol=5)
-    sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def recv_frame(sock: socket.socket) -> Any:
-    """Receive one message from a blocking socket.
-
-    Raises:
-        ConnectionError: the peer closed the connection (also mid-message).
-        OSError: the socket failed or timed out (``socket.timeout``).
-    """
-    (n,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
-    return pickle.loads(_recv_exactly(sock, n))
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("connection closed by the peer")
-        got += k
-    return buf
-
-
-def seq_bucket(seq: int) -> int:
-    """The smallest of :data:`DEFAULT_SEQ_BUCKETS` holding ``seq`` tokens (the largest for longer)."""
-    return next((b for b in DEFAULT_SEQ_BUCKETS if seq <= b), DEFAULT_SEQ_BUCKETS[-1])
-
-
-def merge_plan(shapes: Sequence[tuple[int, int]], max_rows: int) -> list[list[int]]:
-    """Which waiting batches run together.
+    A batch joins the first open group where the rows stay ≤ ``max_rows`` and the
+    padded cost, rows × longest window, stays ≤ ``max_tokens`` (the batcher's
+    ``inference.max_batch_tokens``, TEI's padded budget): short queries of any
+    length merge, a 400-token passage does not drag 200 queries to its length.
 
     Args:
-        shapes: ``(B, T)`` of each waiting batch, oldest first.
-        max_rows: rows per merged batch at most (each batch alone is ≤ this).
+        shapes: ``(B, T)`` of each waiting batch, oldest first (each alone within both limits,
+            or alone in its group).
+        max_rows / max_tokens: limits of one merged batch.
 
     Returns:
-        Groups of indices into ``shapes``: same sequence bucket, ≤ ``max_rows``
-        rows in all, in arrival order; groups ordered by their oldest batch.
+        Groups of indices into ``shapes``, ordered by their oldest batch.
     """
-    by_bucket: dict[int, list[list[int]]] = {}
-    order: list[list[int]] = []
+    groups: list[tuple[list[int], int, int]] = []  # (indices, rows, longest)
     for i, (rows, seq) in enumerate(shapes):
-        groups = by_bucket.setdefault(seq_bucket(seq), [])
-        if groups and sum(shapes[j][0] for j in groups[-1]) + rows <= max_rows:
-            groups[-1].append(i)
-            continue
-        groups.append([i])
-        order.append(groups[-1])
-    return order
+        for k, (idx, g_rows, g_seq) in enumerate(groups):
+            n, t = g_rows + rows, max(g_seq, seq)
+            if n <= max_rows and n * t <= max_tokens:
+                idx.append(i)
+                groups[k] = (idx, n, t)
+                break
+        else:
+            groups.append(([i], rows, seq))
+    return [idx for idx, _, _ in groups]
 
 
 def merge(batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -150,11 +118,12 @@ class EngineServer:
     """
 
     def __init__(self, engine: Engine, listener: socket.socket, control: socket.socket, max_rows: int,
-                 info: dict[str, Any]) -> None:
+                 max_tokens: int, info: dict[str, Any]) -> None:
         self.engine = engine
         self.listener = listener
         self.control = control
         self.max_rows = max(1, min(int(engine.max_batch_size), max_rows))
+        self.max_tokens = max_tokens
         self.info = info
         self.batches = self.rows = self.requests = 0
         self._sel = selectors.DefaultSelector()
@@ -211,7 +180,7 @@ class EngineServer:
         return True
 
     def _run(self, pending: list[tuple[socket.socket, np.ndarray, np.ndarray]]) -> None:
-        for group in merge_plan([ids.shape for _, ids, _ in pending], self.max_rows):
+        for group in merge_plan([ids.shape for _, ids, _ in pending], self.max_rows, self.max_tokens):
             items = [pending[i] for i in group]
             try:
                 ids, mask = merge([(i, m) for _, i, m in items])
@@ -276,9 +245,9 @@ def _serve(control: socket.socket) -> int:
     info = {"name": engine.name, "dim": int(engine.dim), "max_batch_size": int(engine.max_batch_size),
             "max_seq_len": int(engine.max_seq_len), "precision": engine_precision(engine),
             "gpu_memory_bytes": getattr(engine, "gpu_memory_bytes", None), "device": device, "pid": os.getpid()}
-    server = EngineServer(engine, listener, control, cfg.gpu_max_batch_size, info)
+    server = EngineServer(engine, listener, control, cfg.gpu_max_batch_size, cfg.max_batch_tokens, info)
     send_frame(control, ("ready", info))
-    log.info("engine_server_ready", **info, path=init["path"], max_rows=server.max_rows)
+    log.info("engine_server_ready", **info, path=init["path"], max_rows=server.max_rows, max_tokens=server.max_tokens)
     try:
         server.serve()
     finally:

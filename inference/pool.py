@@ -354,7 +354,11 @@ class InferencePool:
                 st.in_flight_tokens += tokens
                 t0 = time.perf_counter()
                 try:
-                    out = await loop.run_in_executor(worker.executor, self._infer_on_worker, worker.engine, windows)
+                    if hasattr(worker.engine, "infer_async"):  # the engine server's client: no thread needed
+                        out = await self._infer_async(worker.engine, windows)
+                    else:
+                        out = await loop.run_in_executor(worker.executor, self._infer_on_worker, worker.engine,
+                                                         windows)
                 except EngineError as exc:
                     self._on_failure(st, exc)
                     tried.add(st.device)
@@ -385,6 +389,15 @@ class InferencePool:
         for start in range(0, len(windows), self.max_batch_size):
             ids, mask = pad_batch(windows[start:start + self.max_batch_size], self.pad_id)
             outs.append(engine.infer(ids, mask))
+        out = outs[0] if len(outs) == 1 else np.concatenate(outs)
+        metrics.INFERENCE_ENGINE_TIME.labels(engine=engine.name).observe(time.perf_counter() - t0)
+        return out
+
+    async def _infer_async(self, engine: Any, windows: list[list[int]]) -> np.ndarray:
+        t0 = time.perf_counter()
+        outs = []
+        for start in range(0, len(windows), self.max_batch_size):
+            outs.append(await engine.infer_async(*pad_batch(windows[start:start + self.max_batch_size], self.pad_id)))
         out = outs[0] if len(outs) == 1 else np.concatenate(outs)
         metrics.INFERENCE_ENGINE_TIME.labels(engine=engine.name).observe(time.perf_counter() - t0)
         return out

@@ -13,7 +13,7 @@ answers float32[N, 384] in one message.
 
 Worker processes are this module run as ``python -m inference.process_pool --fd N``
 (a fresh interpreter: CUDA is never initialised before a fork). Messages, each a
-4-byte little-endian length and a pickle:
+framed by :mod:`inference.framing`:
 
 - parent → worker: ``("init", {...})`` once; ``("encode", id, prefix, texts)``;
   ``("call", id, name, kwargs)`` (``stats``, ``engine_only``: the bench);
@@ -42,11 +42,9 @@ import dataclasses
 import importlib
 import logging
 import os
-import pickle
 import shutil
 import signal
 import socket
-import struct
 import sys
 import tempfile
 import time
@@ -61,11 +59,11 @@ from bot import metrics
 from bot.config import InferenceConfig
 from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
+from inference.framing import frame, read_frame
 from inference.pool import device_label
 
 log = structlog.get_logger("healthbot.inference.process_pool")
 
-_HEADER = struct.Struct("<I")
 #: Texts per message at most: a flush with more pending spreads them over workers.
 MAX_TEXTS_PER_MESSAGE = 128
 #: Messages a worker embeds with one ``encode`` call at most (≤ 4 × 128 texts, so a
@@ -82,17 +80,6 @@ SILENT_GRACE_S = 1.0
 
 _ERRORS: dict[str, type[Exception]] = {"BusyError": BusyError, "BatcherClosed": BatcherClosed,
                                        "DeadlineExceeded": DeadlineExceeded, "EngineError": EngineError}
-
-
-def _frame(obj: Any) -> bytes:
-    data = pickle.dumps(obj, protocol=5)
-    return _HEADER.pack(len(data)) + data
-
-
-async def _read(reader: asyncio.StreamReader) -> Any:
-    """One message; raises ``asyncio.IncompleteReadError`` at end of file."""
-    (n,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
-    return pickle.loads(await reader.readexactly(n))
 
 
 @dataclass(eq=False)
@@ -255,9 +242,9 @@ class ProcessPoolEncoder:
             init.update(device=w.device, path=w.server_path, loader=self.server_loader)
         else:
             init.update(encoder_factory=self.encoder_factory)
-        writer.write(_frame(("init", init)))
+        writer.write(frame(("init", init)))
         try:
-            msg = await asyncio.wait_for(_read(reader), START_TIMEOUT_S)
+            msg = await asyncio.wait_for(read_frame(reader), START_TIMEOUT_S)
         except (asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             await self._stop(w)
             raise EngineError(f"inference worker {w.label} did not start "
@@ -342,12 +329,12 @@ class ProcessPoolEncoder:
         self._next_id += 1
         msg.sent_at = time.monotonic()
         w.in_flight[self._next_id] = msg
-        w.writer.write(_frame(("encode", self._next_id, msg.prefix, msg.texts)))
+        w.writer.write(frame(("encode", self._next_id, msg.prefix, msg.texts)))
 
     async def _read_loop(self, w: _Worker, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                m = await _read(reader)
+                m = await read_frame(reader)
                 kind = m[0]
                 if kind == "ok":
                     msg = w.in_flight.pop(m[1], None)
@@ -453,7 +440,7 @@ class ProcessPoolEncoder:
         self._next_id += 1
         fut = asyncio.get_running_loop().create_future()
         worker.calls[self._next_id] = fut
-        worker.writer.write(_frame(("call", self._next_id, name, kwargs)))
+        worker.writer.write(frame(("call", self._next_id, name, kwargs)))
         result = await fut
         if isinstance(result, dict) and "error" in result:
             raise EngineError(f"{name} in {worker.label}: {result['error']}")
@@ -495,7 +482,7 @@ class ProcessPoolEncoder:
         w.alive = False
         if w.writer is not None:
             try:
-                w.writer.write(_frame(("close",)))
+                w.writer.write(frame(("close",)))
                 await w.writer.drain()
             except (ConnectionError, OSError, RuntimeError):
                 pass
@@ -595,7 +582,7 @@ async def _serve(sock: socket.socket) -> int:
     from inference.encoder import Encoder
 
     reader, writer = await asyncio.open_unix_connection(sock=sock)
-    _, init = await _read(reader)
+    _, init = await read_frame(reader)
     configure_logging(init.get("log_level") or "INFO")
     structlog.contextvars.bind_contextvars(worker=init.get("worker"))  # which worker each log line is from
     fields = {f.name for f in dataclasses.fields(InferenceConfig)}
@@ -607,11 +594,11 @@ async def _serve(sock: socket.socket) -> int:
     try:
         encoder = await create(cfg, Path(init["engines_dir"]))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises EngineError
-        writer.write(_frame(("failed", f"{type(exc).__name__}: {exc}")))
+        writer.write(frame(("failed", f"{type(exc).__name__}: {exc}")))
         await writer.drain()
         return 1
     primary = getattr(encoder.pool, "primary", encoder.pool)  # a ModelManager, or a bare pool
-    writer.write(_frame(("ready", {
+    writer.write(frame(("ready", {
         "engine": encoder.engine_name, "precision": primary.precision, "variant": encoder.variant,
         "dim": encoder.dim, "engines": primary.workers, "pid": os.getpid(),
         "devices": [device_label(d) for d in primary.devices],
@@ -643,11 +630,11 @@ async def _serve(sock: socket.socket) -> int:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
             kind = type(exc).__name__ if type(exc).__name__ in _ERRORS else "EngineError"
             for mid, _ in items:
-                writer.write(_frame(("err", mid, kind, str(exc))))
+                writer.write(frame(("err", mid, kind, str(exc))))
             return
         row = 0
         for mid, ts in items:
-            writer.write(_frame(("ok", mid, encoder.engine_name, vectors[row:row + len(ts)])))
+            writer.write(frame(("ok", mid, encoder.engine_name, vectors[row:row + len(ts)])))
             row += len(ts)
 
     async def call(mid: int, name: str, kwargs: dict) -> None:
@@ -662,12 +649,12 @@ async def _serve(sock: socket.socket) -> int:
                 result = {"error": f"unknown call {name!r}"}
         except Exception as exc:  # noqa: BLE001
             result = {"error": f"{type(exc).__name__}: {exc}"}
-        writer.write(_frame(("result", mid, result)))
+        writer.write(frame(("result", mid, result)))
 
     try:
         while True:
             try:
-                m = await _read(reader)
+                m = await read_frame(reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 break  # the parent is gone
             if m[0] == "close":

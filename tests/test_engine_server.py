@@ -20,7 +20,7 @@ import pytest
 
 from bot.config import Config, InferenceConfig
 from inference.encoder import Encoder
-from inference.engine_server import EngineServer, merge, merge_plan, seq_bucket
+from inference.engine_server import EngineServer, merge, merge_plan
 from inference.engines.base import EngineError
 from inference.engines.remote import RemoteEngine
 from inference.pool import pad_batch
@@ -38,12 +38,13 @@ QUESTIONS = ["失眠怎么调理", "手脚冰凉怎么办", "how much water shou
 
 # ------------------------------------------------------------------ merging
 
-def test_merge_plan_joins_batches_of_one_sequence_bucket_up_to_the_row_cap():
-    assert [seq_bucket(t) for t in (1, 16, 17, 32, 300, 600)] == [16, 16, 32, 32, 512, 512]
-    shapes = [(20, 27), (30, 12), (40, 31), (100, 20), (200, 29)]
-    # 27, 31, 20, 29 tokens share the 32 bucket; 12 tokens does not; 20+40+100 ≤ 256 < +200.
-    assert merge_plan(shapes, 256) == [[0, 2, 3], [1], [4]]
-    assert merge_plan(shapes, 1) == [[0], [1], [2], [3], [4]]
+def test_merge_plan_joins_batches_within_the_row_and_padded_token_limits():
+    shapes = [(20, 27), (30, 12), (40, 31), (100, 20), (200, 29), (10, 300)]
+    # 20+30+40+100 rows x 31 tokens fit 256 rows / 8192 tokens; +200 rows do not; 10 x 300 joins the 200 x 29?
+    # 210 x 300 = 63,000 tokens: no, it runs alone.
+    assert merge_plan(shapes, 256, 8192) == [[0, 1, 2, 3], [4], [5]]
+    assert merge_plan(shapes, 256, 2000) == [[0, 1], [2], [3], [4], [5]]
+    assert merge_plan(shapes, 1, 8192) == [[0], [1], [2], [3], [4], [5]]
 
 
 def test_merge_pads_added_columns_with_a_zero_mask():
@@ -85,7 +86,7 @@ class _Running:
         self.control, self._parent = socket.socketpair()
         info = {"name": engine.name, "dim": engine.dim, "max_batch_size": engine.max_batch_size,
                 "max_seq_len": engine.max_seq_len, "precision": "fp32", "gpu_memory_bytes": 5, "device": 0}
-        self.server = EngineServer(engine, self.listener, self.control, 256, info)
+        self.server = EngineServer(engine, self.listener, self.control, 256, 8192, info)
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
 
@@ -105,7 +106,7 @@ def test_batches_sent_while_the_engine_is_busy_run_as_one_and_each_gets_its_own_
     engine = GpuEngineDouble(ENGINES_DIR)
     running = _Running(tmp_path, _SlowFirst(engine))
     try:
-        # Four workers' batches: 2 + 1 + 3 + 2 questions, different lengths (all in the 16 or 32 bucket).
+        # Four workers' batches: 2 + 1 + 3 + 2 questions of different lengths.
         parts = [QUESTIONS[0:2], QUESTIONS[2:3], QUESTIONS[3:6], QUESTIONS[6:8]]
         batches = [pad_batch([w for ws in tokenizer.encode_batch(p, "query: ") for w in ws], tokenizer.pad_id)
                    for p in parts]
@@ -126,10 +127,8 @@ def test_batches_sent_while_the_engine_is_busy_run_as_one_and_each_gets_its_own_
         for i in range(4):
             np.testing.assert_allclose(got[i], want[i], atol=1e-5)
         assert running.server.requests == 4
-        buckets = {seq_bucket(ids.shape[1]) for ids, _ in batches[1:]}
-        assert running.server.batches == 1 + len(buckets) < 4
-        assert sorted(engine.batch_rows) == sorted([2] + [sum(b[0].shape[0] for b in batches[1:]
-                                                              if seq_bucket(b[0].shape[1]) == k) for k in buckets])
+        assert running.server.batches == 2  # the first alone, the three that waited as one
+        assert engine.batch_rows == [2, 6]
     finally:
         running.stop()
 

@@ -4,19 +4,23 @@ socket to this GPU's engine server (inference/engine_server.py, issue 6).
 A worker process started with an engine server (``inference.engine_server``)
 loads this in place of its GPU engine: its tokenizer, dynamic batcher, pool and
 CPU fallback stay as they are, and each padded batch is sent to the server,
-which merges it with the other worker processes' batches. One connection per
-engine instance (pool worker thread), one batch in flight on it.
+which merges it with the other worker processes' batches. One batch in flight
+per engine instance. The pool awaits :meth:`RemoteEngine.infer_async` on its
+event loop (no engine thread, so no hand-over of the GIL per batch; measured
+with a GPU-like engine double, docs/benchmarks.md); :meth:`RemoteEngine.infer`
+is the blocking form (the bench's engine-only run, tests).
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
 import numpy as np
 
-from inference.engine_server import recv_frame, send_frame
 from inference.engines.base import EngineError, check_batch
+from inference.framing import frame, read_frame, recv_frame, send_frame
 
 
 class RemoteEngine:
@@ -42,6 +46,7 @@ class RemoteEngine:
         self.expect = expect
         self.timeout_s = timeout_s
         self._sock: socket.socket | None = None
+        self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         info = self._connect()
         if info["name"] != expect:
             self.close()
@@ -96,8 +101,34 @@ class RemoteEngine:
             raise EngineError(str(value))
         return value
 
+    async def infer_async(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """:meth:`infer` on the running event loop, over this engine's own asyncio connection
+        (opened at the first call, again after a failure). Same arguments, result and errors."""
+        check_batch(input_ids, attention_mask, self.max_batch_size, self.max_seq_len)
+        try:
+            if self._stream is None:
+                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path), self.timeout_s)
+                self._stream = reader, writer
+                await asyncio.wait_for(read_frame(reader), self.timeout_s)  # the hello
+            reader, writer = self._stream
+            writer.write(frame(("infer", np.ascontiguousarray(input_ids, dtype=np.int64),
+                                np.ascontiguousarray(attention_mask, dtype=np.int64))))
+            kind, value = await asyncio.wait_for(read_frame(reader), self.timeout_s)
+        except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            self._close_stream()
+            raise EngineError(f"engine server at {self.path}: {exc!r}") from None
+        if kind != "ok":
+            raise EngineError(str(value))
+        return value
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream[1].close()
+            self._stream = None
+
     def close(self) -> None:
-        """Close the connection (idempotent); the server keeps running for the others."""
+        """Close the connections (idempotent); the server keeps running for the others."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._close_stream()
