@@ -147,9 +147,10 @@ class InferenceConfig:
     30k encodes/s; a process per GPU scales with the GPUs (docs/benchmarks.md).
 
     ``engine_server``: with ``device_processes`` ≥ 1 on GPUs, one engine server
-    process per GPU owns its GPU engine, and the worker processes (tokenizer,
-    batcher, CPU fallback) send it their padded batches, which it merges into
-    fewer, larger GPU batches (inference/engine_server.py). Ignored on the CPU.
+    process per GPU owns the GPU engines (``workers`` of them, each on its own
+    thread and CUDA stream), and the worker processes (tokenizer, batcher, CPU
+    fallback) send it their padded batches, which it merges into fewer, larger
+    GPU batches (inference/engine_server.py). Ignored on the CPU.
     ``engine_socket``: set by the process pool in the worker processes it starts
     (the engine server's Unix socket); leave it empty.
 

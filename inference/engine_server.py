@@ -33,7 +33,7 @@ socket's folder is created mode 0700 by the pool).
 (no added delay: the front ends' batchers already waited) and runs them in as
 few engine calls as :func:`merge_plan` allows: up to ``min(engine.max_batch_size,
 inference.gpu_max_batch_size)`` rows and ``inference.max_batch_tokens`` padded
-tokens per call, padded to the group's longest window. Added columns get id 0
+tokens per call, with at most 2x padding waste, padded to the group's longest window. Added columns get id 0
 with mask 0: masked positions do not change the output (attention ignores them
 as keys, mean pooling skips them).
 """
@@ -47,9 +47,11 @@ import importlib
 import os
 import pickle
 import selectors
+import queue
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -65,30 +67,33 @@ log = structlog.get_logger("healthbot.inference.engine_server")
 def merge_plan(shapes: Sequence[tuple[int, int]], max_rows: int, max_tokens: int) -> list[list[int]]:
     """Which waiting batches run together (first fit, in arrival order).
 
-    A batch joins the first open group where the rows stay ≤ ``max_rows`` and the
-    padded cost, rows × longest window, stays ≤ ``max_tokens`` (the batcher's
-    ``inference.max_batch_tokens``, TEI's padded budget): short queries of any
-    length merge, a 400-token passage does not drag 200 queries to its length.
+    A batch joins the first open group where, with it, the rows stay ≤ ``max_rows``,
+    the padded cost (rows × longest window) stays ≤ ``max_tokens`` (the batcher's
+    ``inference.max_batch_tokens``, TEI's padded budget) and at most 2× the tokens
+    the batches would cost run apart (the batcher's own bound on padding waste, its
+    power-of-two length buckets): queries of 12 and 27 tokens merge, one 512-token
+    passage does not drag 8 queries to its length.
 
     Args:
-        shapes: ``(B, T)`` of each waiting batch, oldest first (each alone within both limits,
-            or alone in its group).
+        shapes: ``(B, T)`` of each waiting batch, oldest first (a batch beyond the limits runs alone).
         max_rows / max_tokens: limits of one merged batch.
 
     Returns:
         Groups of indices into ``shapes``, ordered by their oldest batch.
     """
-    groups: list[tuple[list[int], int, int]] = []  # (indices, rows, longest)
+    groups: list[list[int]] = []
+    state: list[tuple[int, int, int]] = []  # per group: rows, longest, tokens apart
     for i, (rows, seq) in enumerate(shapes):
-        for k, (idx, g_rows, g_seq) in enumerate(groups):
-            n, t = g_rows + rows, max(g_seq, seq)
-            if n <= max_rows and n * t <= max_tokens:
-                idx.append(i)
-                groups[k] = (idx, n, t)
+        for k, (g_rows, g_seq, g_apart) in enumerate(state):
+            n, t, apart = g_rows + rows, max(g_seq, seq), g_apart + rows * seq
+            if n <= max_rows and n * t <= min(max_tokens, 2 * apart):
+                groups[k].append(i)
+                state[k] = (n, t, apart)
                 break
         else:
-            groups.append(([i], rows, seq))
-    return [idx for idx, _, _ in groups]
+            groups.append([i])
+            state.append((rows, seq, rows * seq))
+    return groups
 
 
 def merge(batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -110,36 +115,66 @@ def merge(batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
 
 
 class EngineServer:
-    """The server loop over one loaded engine (module doc). Single-threaded: the
-    engine runs on this thread, batches that arrive meanwhile wait in the sockets.
+    """The server loop over one or more loaded engines of one GPU (module doc).
+
+    This thread accepts connections, reads batches and forms merged batches; each
+    engine runs on its own thread (its own CUDA stream / execution context) and
+    answers its batch's callers itself, so with two engines the next merged batch
+    is formed and launched while the last one still runs. A merged batch is handed
+    to an engine as soon as one is idle; batches that arrive meanwhile wait
+    together for the next idle engine.
 
     Attributes:
         batches: merged batches run; ``rows``: rows run; ``requests``: worker batches served.
     """
 
-    def __init__(self, engine: Engine, listener: socket.socket, control: socket.socket, max_rows: int,
+    def __init__(self, engines: Sequence[Engine], listener: socket.socket, control: socket.socket, max_rows: int,
                  max_tokens: int, info: dict[str, Any]) -> None:
-        self.engine = engine
+        self.engines = list(engines)
         self.listener = listener
         self.control = control
-        self.max_rows = max(1, min(int(engine.max_batch_size), max_rows))
+        self.max_rows = max(1, min(int(self.engines[0].max_batch_size), max_rows))
         self.max_tokens = max_tokens
         self.info = info
         self.batches = self.rows = self.requests = 0
+        self._stats_lock = threading.Lock()
+        self._idle: list[int] = list(range(len(self.engines)))  # touched by this thread only
+        self._done: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._jobs = [queue.SimpleQueue() for _ in self.engines]
+        self._wake_r, self._wake_w = socket.socketpair()
         self._sel = selectors.DefaultSelector()
         self._sel.register(listener, selectors.EVENT_READ, "listen")
         self._sel.register(control, selectors.EVENT_READ, "control")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._threads = [threading.Thread(target=self._engine_loop, args=(i,), name=f"engine-{i}", daemon=True)
+                         for i in range(len(self.engines))]
 
     def serve(self) -> None:
-        """Serve until ``close`` or end of file on the control socket."""
+        """Serve until ``close`` or end of file on the control socket; then let the engine
+        threads finish their batches and stop them (the engines stay open)."""
+        for t in self._threads:
+            t.start()
+        try:
+            self._loop()
+        finally:
+            for jobs in self._jobs:
+                jobs.put(None)
+            for t in self._threads:
+                t.join()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _loop(self) -> None:
         pending: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []
         while True:
-            for key, _ in self._sel.select(timeout=0 if pending else None):
+            for key, _ in self._sel.select(timeout=0 if pending and self._idle else None):
                 if key.data == "listen":
                     self._accept()
                 elif key.data == "control":
                     if not self._control():
                         return
+                elif key.data == "wake":
+                    self._wake_r.recv(4096)
                 else:
                     try:
                         msg = recv_frame(key.fileobj)
@@ -148,9 +183,13 @@ class EngineServer:
                         continue
                     if msg[0] == "infer":
                         pending.append((key.fileobj, msg[1], msg[2]))
-            if pending:
-                self._run(pending)
-                pending = []
+            while not self._done.empty():
+                self._idle.append(self._done.get())
+            if pending and self._idle:
+                groups = merge_plan([ids.shape for _, ids, _ in pending], self.max_rows, self.max_tokens)
+                while groups and self._idle:
+                    self._jobs[self._idle.pop()].put([pending[i] for i in groups.pop(0)])
+                pending = [pending[i] for g in groups for i in g]
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -174,39 +213,50 @@ class EngineServer:
         if msg[0] == "close":
             return False
         if msg[0] == "call":
-            value = ({"batches": self.batches, "rows": self.rows, "requests": self.requests}
-                     if msg[2] == "stats" else {"error": f"unknown call {msg[2]!r}"})
-            send_frame(self.control, ("result", msg[1], value))
+            with self._stats_lock:
+                stats = {"batches": self.batches, "rows": self.rows, "requests": self.requests}
+            send_frame(self.control, ("result", msg[1], stats if msg[2] == "stats"
+                                      else {"error": f"unknown call {msg[2]!r}"}))
         return True
 
-    def _run(self, pending: list[tuple[socket.socket, np.ndarray, np.ndarray]]) -> None:
-        for group in merge_plan([ids.shape for _, ids, _ in pending], self.max_rows, self.max_tokens):
-            items = [pending[i] for i in group]
-            try:
-                ids, mask = merge([(i, m) for _, i, m in items])
-                out = self.engine.infer(ids, mask)
-                replies = []
-                row = 0
-                for _, i, _ in items:
-                    replies.append(("ok", out[row:row + i.shape[0]]))
-                    row += i.shape[0]
-            except Exception as exc:  # noqa: BLE001 - every failure goes back to the callers
-                log.error("engine_server_batch_failed", rows=sum(i.shape[0] for _, i, _ in items), error=str(exc))
-                replies = [("err", f"{self.info['name']} in the engine server: {exc}")] * len(items)
-            else:
+    def _engine_loop(self, index: int) -> None:
+        engine, jobs = self.engines[index], self._jobs[index]
+        while (items := jobs.get()) is not None:
+            self._run(engine, items)
+            self._done.put(index)
+            self._wake_w.send(b"w")
+
+    def _run(self, engine: Engine, items: list[tuple[socket.socket, np.ndarray, np.ndarray]]) -> None:
+        """Run one merged batch on ``engine`` (its thread) and answer each caller."""
+        try:
+            ids, mask = merge([(i, m) for _, i, m in items])
+            out = engine.infer(ids, mask)
+            replies = []
+            row = 0
+            for _, i, _ in items:
+                replies.append(("ok", out[row:row + i.shape[0]]))
+                row += i.shape[0]
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the callers
+            log.error("engine_server_batch_failed", rows=sum(i.shape[0] for _, i, _ in items), error=str(exc))
+            replies = [("err", f"{self.info['name']} in the engine server: {exc}")] * len(items)
+            ok = False
+        else:
+            ok = True
+        with self._stats_lock:
+            self.requests += len(items)
+            if ok:
                 self.batches += 1
                 self.rows += ids.shape[0]
-            self.requests += len(items)
-            for (conn, _, _), reply in zip(items, replies):
-                try:
-                    send_frame(conn, reply)
-                except OSError:
-                    if conn.fileno() >= 0:
-                        self._drop(conn)
+        for (conn, _, _), reply in zip(items, replies):
+            try:
+                send_frame(conn, reply)
+            except OSError:
+                pass  # the worker is gone: this thread's loop sees end of file and drops it
 
 
-def load_engine(cfg: InferenceConfig, engines_dir: Path, device: int) -> Engine:
-    """The first GPU engine of ``cfg.engine_order`` that loads on ``device`` (blocking).
+def load_engines(cfg: InferenceConfig, engines_dir: Path, device: int) -> list[Engine]:
+    """``cfg.workers`` (at least 1) instances of the first GPU engine of ``cfg.engine_order``
+    that loads on ``device`` (blocking; torch_cuda instances share the weights).
 
     Raises:
         EngineError: none loads (the message lists each one's reason).
@@ -215,7 +265,8 @@ def load_engine(cfg: InferenceConfig, engines_dir: Path, device: int) -> Engine:
 
     gpu_order = [n for n in cfg.engine_order if n in GPU_ENGINES]
     scfg = dataclasses.replace(cfg, engine_order=gpu_order, devices=[str(device)], engine_socket="")
-    return load_engine_factory(scfg, engines_dir)(device)
+    factory = load_engine_factory(scfg, engines_dir)
+    return [factory(device) for _ in range(max(1, cfg.workers))]
 
 
 def _serve(control: socket.socket) -> int:
@@ -231,9 +282,11 @@ def _serve(control: socket.socket) -> int:
     try:
         if init.get("loader"):  # tests: "module:function"
             module, _, name = init["loader"].partition(":")
-            engine = getattr(importlib.import_module(module), name)(cfg, Path(init["engines_dir"]), device)
+            load = getattr(importlib.import_module(module), name)
+            engines = [load(cfg, Path(init["engines_dir"]), device) for _ in range(max(1, cfg.workers))]
         else:
-            engine = load_engine(cfg, Path(init["engines_dir"]), device)
+            engines = load_engines(cfg, Path(init["engines_dir"]), device)
+        engine = engines[0]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(init["path"])  # left by a server that died (this one is its restart)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -242,17 +295,18 @@ def _serve(control: socket.socket) -> int:
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises EngineError
         send_frame(control, ("failed", f"{type(exc).__name__}: {exc}"))
         return 1
-    info = {"name": engine.name, "dim": int(engine.dim), "max_batch_size": int(engine.max_batch_size),
+    info = {"name": engine.name, "engines": len(engines), "dim": int(engine.dim), "max_batch_size": int(engine.max_batch_size),
             "max_seq_len": int(engine.max_seq_len), "precision": engine_precision(engine),
             "gpu_memory_bytes": getattr(engine, "gpu_memory_bytes", None), "device": device, "pid": os.getpid()}
-    server = EngineServer(engine, listener, control, cfg.gpu_max_batch_size, cfg.max_batch_tokens, info)
+    server = EngineServer(engines, listener, control, cfg.gpu_max_batch_size, cfg.max_batch_tokens, info)
     send_frame(control, ("ready", info))
     log.info("engine_server_ready", **info, path=init["path"], max_rows=server.max_rows, max_tokens=server.max_tokens)
     try:
         server.serve()
     finally:
         listener.close()
-        engine.close()
+        for e in engines:
+            e.close()
         log.info("engine_server_stopped", batches=server.batches, rows=server.rows, requests=server.requests)
     return 0
 

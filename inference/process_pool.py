@@ -69,6 +69,10 @@ MAX_TEXTS_PER_MESSAGE = 128
 #: Messages a worker embeds with one ``encode`` call at most (≤ 4 × 128 texts, so a
 #: group stays well inside ``inference.max_queue_size``'s default 1024 windows).
 MAX_MESSAGES_PER_ENCODE = 4
+#: Batches a worker process keeps in flight to its GPU's engine server (``inference.engine_server``):
+#: 1 left its texts waiting a whole round trip (24k/s on the H200); 4 and 8 measured
+#: alike (docs/benchmarks.md, 2026-11-29 fifth session).
+REMOTE_BATCHES_IN_FLIGHT = 4
 #: Seconds a worker may take to load its engines (graph capture, engine files).
 START_TIMEOUT_S = 600.0
 #: Restart back-off of a worker that exited (seconds; doubles up to the max).
@@ -235,7 +239,9 @@ class ProcessPoolEncoder:
         w.writer = writer
         server = self.servers.get(w.device)
         cfg = dataclasses.replace(self.cfg, devices=[str(w.device)] if w.device is not None else self.cfg.devices,
-                                  device_processes=0, engine_socket=server.server_path if server else "")
+                                  device_processes=0)
+        if server is not None and not w.server_path:  # a worker whose GPU engine is the engine server
+            cfg = dataclasses.replace(cfg, engine_socket=server.server_path, workers=REMOTE_BATCHES_IN_FLIGHT)
         init = {"cfg": dataclasses.asdict(cfg), "engines_dir": str(self.engines_dir), "worker": w.label,
                 "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())}
         if w.server_path:
@@ -247,7 +253,7 @@ class ProcessPoolEncoder:
             msg = await asyncio.wait_for(read_frame(reader), START_TIMEOUT_S)
         except (asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             await self._stop(w)
-            raise EngineError(f"inference worker {w.label} did not start "
+            raise EngineError(f"inference process {w.label} did not start "
                               f"(exit code {w.process.returncode}; see its log above): {exc!r}") from None
         if msg[0] != "ready":
             await self._stop(w)

@@ -38,13 +38,15 @@ QUESTIONS = ["失眠怎么调理", "手脚冰凉怎么办", "how much water shou
 
 # ------------------------------------------------------------------ merging
 
-def test_merge_plan_joins_batches_within_the_row_and_padded_token_limits():
+def test_merge_plan_joins_batches_within_the_row_token_and_padding_limits():
     shapes = [(20, 27), (30, 12), (40, 31), (100, 20), (200, 29), (10, 300)]
-    # 20+30+40+100 rows x 31 tokens fit 256 rows / 8192 tokens; +200 rows do not; 10 x 300 joins the 200 x 29?
-    # 210 x 300 = 63,000 tokens: no, it runs alone.
+    # 190 rows x 31 tokens fit 256 rows / 8192 tokens and waste < 2x; +200 rows do not fit;
+    # 10 x 300 would pad the others to 300 tokens: it runs alone.
     assert merge_plan(shapes, 256, 8192) == [[0, 1, 2, 3], [4], [5]]
     assert merge_plan(shapes, 256, 2000) == [[0, 1], [2], [3], [4], [5]]
     assert merge_plan(shapes, 1, 8192) == [[0], [1], [2], [3], [4], [5]]
+    # 9 x 512 = 4,608 tokens is within the budget but 6x the 728 tokens of running them apart.
+    assert merge_plan([(8, 27), (1, 512)], 256, 8192) == [[0], [1]]
 
 
 def test_merge_pads_added_columns_with_a_zero_mask():
@@ -78,7 +80,8 @@ class _SlowFirst:
 
 
 class _Running:
-    def __init__(self, tmp_path: Path, engine) -> None:
+    def __init__(self, tmp_path: Path, *engines) -> None:
+        engine = engines[0]
         self.path = str(tmp_path / "s.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.path)
@@ -86,7 +89,7 @@ class _Running:
         self.control, self._parent = socket.socketpair()
         info = {"name": engine.name, "dim": engine.dim, "max_batch_size": engine.max_batch_size,
                 "max_seq_len": engine.max_seq_len, "precision": "fp32", "gpu_memory_bytes": 5, "device": 0}
-        self.server = EngineServer(engine, self.listener, self.control, 256, 8192, info)
+        self.server = EngineServer(engines, self.listener, self.control, 256, 8192, info)
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
 
@@ -129,6 +132,41 @@ def test_batches_sent_while_the_engine_is_busy_run_as_one_and_each_gets_its_own_
         assert running.server.requests == 4
         assert running.server.batches == 2  # the first alone, the three that waited as one
         assert engine.batch_rows == [2, 6]
+    finally:
+        running.stop()
+
+
+class _SlowMarker:
+    """Wraps an engine: a batch holding token id 777 takes 0.5 s."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.name, self.dim = engine.name, engine.dim
+        self.max_batch_size, self.max_seq_len = engine.max_batch_size, engine.max_seq_len
+
+    def infer(self, ids, mask):
+        if (ids == 777).any():
+            time.sleep(0.5)
+        return self.engine.infer(ids, mask)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+@needs_model
+def test_with_two_engines_a_batch_does_not_wait_for_the_one_still_running(tmp_path):
+    running = _Running(tmp_path, _SlowMarker(GpuEngineDouble(ENGINES_DIR)), _SlowMarker(GpuEngineDouble(ENGINES_DIR)))
+    try:
+        slow, fast = (RemoteEngine(running.path, "torch_cuda", timeout_s=10) for _ in range(2))
+        finished: list[str] = []
+        t = threading.Thread(target=lambda: (slow.infer(np.array([[0, 777, 2]]), np.array([[1, 1, 1]])),
+                                             finished.append("slow")))
+        t.start()
+        time.sleep(0.1)
+        assert fast.infer(np.array([[0, 9, 2]]), np.array([[1, 1, 1]])).shape == (1, 384)
+        finished.append("fast")
+        t.join(5)
+        assert finished == ["fast", "slow"] and running.server.batches == 2
     finally:
         running.stop()
 

@@ -710,15 +710,15 @@ CLI_PLANS["mps"] = [  # run under an NVIDIA MPS control daemon (kernels of sever
      ["--concurrency", "256", "--batched-only"]),
 ]
 _S = {_I + "DEVICES": "0", _I + "ENGINE_SERVER": "true"}
-CLI_PLANS["server"] = [  # one engine server on GPU 0, worker processes sending it their batches
-    ("server-4proc-w4", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "4"}, ["--concurrency", "1,32,256"]),
-    ("server-2proc-w4", {**_S, _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "4"},
+CLI_PLANS["server"] = [  # one engine server on GPU 0 (WORKERS engines), worker processes sending it batches
+    ("server-6proc-e1", {**_S, _I + "DEVICE_PROCESSES": "6", _I + "WORKERS": "1"}, ["--concurrency", "1,32,256"]),
+    ("server-6proc-e2", {**_S, _I + "DEVICE_PROCESSES": "6", _I + "WORKERS": "2"},
      ["--concurrency", "256", "--batched-only"]),
-    ("server-3proc-w4", {**_S, _I + "DEVICE_PROCESSES": "3", _I + "WORKERS": "4"},
+    ("server-4proc-e2", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "2"},
      ["--concurrency", "256", "--batched-only"]),
-    ("server-4proc-w8", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "8"},
+    ("server-8proc-e2", {**_S, _I + "DEVICE_PROCESSES": "8", _I + "WORKERS": "2"},
      ["--concurrency", "256", "--batched-only"]),
-    ("server-6proc-w4", {**_S, _I + "DEVICE_PROCESSES": "6", _I + "WORKERS": "4"},
+    ("server-4proc-e1", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "1"},
      ["--concurrency", "256", "--batched-only"]),
     ("noserver-2proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
      ["--concurrency", "256", "--batched-only"]),
