@@ -911,6 +911,54 @@ def fault_and_swap(bert, meta, engines_dir: Path, dev: Any = 0) -> dict[str, Any
     return bench.run_async(go(), bench.loop_factory("auto"))
 
 
+def server_fault(carry: Path, rec: Recorder, kill_at_s: float = 5.0, run_s: float = 60.0) -> dict[str, Any]:
+    """The engine server killed (SIGKILL) under load: 2 worker processes, c = 64 for ``run_s``;
+    the workers' batches go to their ONNX Runtime fallback until the restarted server
+    (model load included) answers their circuit's probe. Errors counted; which engine
+    the workers served with, sampled every 0.5 s."""
+    from bot.config import InferenceConfig
+    from inference.bench import QUESTIONS, drive
+    from inference.process_pool import ProcessPoolEncoder
+
+    engines_dir = materialize_engines_dir(carry)
+
+    async def go() -> dict[str, Any]:
+        cfg = InferenceConfig(device_processes=2, engine_server=True, devices=["0"], onnx_precision="fp32",
+                              engine_order=["torch_cuda", "onnxruntime"], fallback_engine="onnxruntime",
+                              max_queue_delay_ms=0, max_queue_size=8192, circuit_reset_s=1.0,
+                              circuit_max_reset_s=4.0)
+        enc = await ProcessPoolEncoder.create(cfg, engines_dir)
+        server = enc.servers[0]
+        samples: list[tuple[float, list[str]]] = []
+        t0 = time.perf_counter()
+        old_pid = server.info["pid"]
+
+        async def watch() -> None:
+            killed = False
+            while time.perf_counter() - t0 < run_s:
+                now = time.perf_counter() - t0
+                if not killed and now >= kill_at_s:
+                    os.kill(old_pid, 9)
+                    killed = True
+                samples.append((round(now, 1), sorted(w.engine_name for w in enc.workers)))
+                await asyncio.sleep(0.5)
+
+        try:
+            r, _ = await asyncio.gather(drive(lambda t: enc.encode([t]), QUESTIONS, 64, run_s), watch())
+        finally:
+            await enc.close()
+        back = next((t for t, names in samples if t > kill_at_s and set(names) == {"torch_cuda"}), None)
+        out = {"requests": r["requests"], "errors": r["errors"], "throughput": r["throughput"],
+               "p99_ms": r["p99_ms"], "server_restarts": server.restarts, "old_pid": old_pid,
+               "new_pid": server.info.get("pid"), "killed_at_s": kill_at_s, "all_back_on_gpu_at_s": back,
+               "samples": samples}
+        rec.log(f"    server killed at {kill_at_s} s: {r['requests']} requests, {r['errors']} errors, "
+                f"restarts {server.restarts}, all workers back on torch_cuda at {back} s")
+        return out
+
+    return asyncio.run(go())
+
+
 def run_pytest() -> dict[str, Any]:
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_torch_cuda.py",
                         "-rs"], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -979,6 +1027,8 @@ def run(carry: Path, out: Path, seconds: float, device: str, steps=ALL_STEPS) ->
     if "multigpu" in want:
         patch_torch_cuda_loader(bert, meta, gpu)
         rec.step("multi_gpu_bench", lambda: multi_gpu_bench(engines_dir, seconds, rec))
+    if "server-fault" in want:
+        rec.step("server_fault", lambda: server_fault(carry, rec))
     if "fault" in want:
         rec.step("fault_and_swap", lambda: fault_and_swap(bert, meta, engines_dir, dev))
     if "tensorrt" in want and gpu:
