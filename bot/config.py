@@ -146,11 +146,14 @@ class InferenceConfig:
     (inference/process_pool.py). One Python process feeds one H200 at about
     30k encodes/s; a process per GPU scales with the GPUs (docs/benchmarks.md).
 
-    ``engine_server``: with ``device_processes`` ≥ 1 on GPUs, one engine server
-    process per GPU owns the GPU engines (``workers`` of them, each on its own
-    thread and CUDA stream), and the worker processes (tokenizer, batcher, CPU
-    fallback) send it their padded batches, which it merges into fewer, larger
-    GPU batches (inference/engine_server.py). Ignored on the CPU.
+    ``engine_server`` (default on): with ``device_processes`` ≥ 1 on GPUs, one
+    engine server process per GPU owns the GPU engines (``workers`` of them, each
+    on its own thread and CUDA stream; 1 measured best), and the worker processes
+    (tokenizer, batcher, CPU fallback) send it their padded batches, which it
+    merges into fewer, larger GPU batches (inference/engine_server.py): one H200
+    served 42-45k encodes/s at c = 256 with 4-6 worker processes, against
+    33-38k/s with each worker process running its own engine (docs/benchmarks.md).
+    Off: each worker process loads its own GPU engine. Ignored on the CPU.
     ``engine_socket``: set by the process pool in the worker processes it starts
     (the engine server's Unix socket); leave it empty.
 
@@ -180,7 +183,7 @@ class InferenceConfig:
     gc_freeze: bool = True
     switch_interval_ms: float = 0.0
     device_processes: int = 0
-    engine_server: bool = False
+    engine_server: bool = True
     engine_socket: str = ""
 
     def validate(self) -> None:
