@@ -117,12 +117,12 @@ def merge(batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
 class EngineServer:
     """The server loop over one or more loaded engines of one GPU (module doc).
 
-    This thread accepts connections, reads batches and forms merged batches; each
-    engine runs on its own thread (its own CUDA stream / execution context) and
-    answers its batch's callers itself, so with two engines the next merged batch
-    is formed and launched while the last one still runs. A merged batch is handed
-    to an engine as soon as one is idle; batches that arrive meanwhile wait
-    together for the next idle engine.
+    This thread accepts connections, reads batches, forms merged batches and
+    answers the callers; each engine runs on its own thread (its own CUDA stream /
+    execution context). A merged batch is handed to an engine as soon as one is
+    idle (batches that arrive meanwhile wait together for the next idle engine),
+    before the last batch's callers are answered, so the GPU does not wait for
+    the replies to be sent.
 
     Attributes:
         batches: merged batches run; ``rows``: rows run; ``requests``: worker batches served.
@@ -139,7 +139,7 @@ class EngineServer:
         self.batches = self.rows = self.requests = 0
         self._stats_lock = threading.Lock()
         self._idle: list[int] = list(range(len(self.engines)))  # touched by this thread only
-        self._done: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[tuple[int, list, list]] = queue.SimpleQueue()
         self._jobs = [queue.SimpleQueue() for _ in self.engines]
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel = selectors.DefaultSelector()
@@ -183,13 +183,18 @@ class EngineServer:
                         continue
                     if msg[0] == "infer":
                         pending.append((key.fileobj, msg[1], msg[2]))
+            finished = []
             while not self._done.empty():
-                self._idle.append(self._done.get())
+                index, items, replies = self._done.get()
+                self._idle.append(index)
+                finished.append((items, replies))
             if pending and self._idle:
                 groups = merge_plan([ids.shape for _, ids, _ in pending], self.max_rows, self.max_tokens)
                 while groups and self._idle:
                     self._jobs[self._idle.pop()].put([pending[i] for i in groups.pop(0)])
                 pending = [pending[i] for g in groups for i in g]
+            for items, replies in finished:  # after the next batch is on its way to the GPU
+                self._answer(items, replies)
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -222,36 +227,36 @@ class EngineServer:
     def _engine_loop(self, index: int) -> None:
         engine, jobs = self.engines[index], self._jobs[index]
         while (items := jobs.get()) is not None:
-            self._run(engine, items)
-            self._done.put(index)
+            self._done.put((index, items, self._run(engine, items)))
             self._wake_w.send(b"w")
 
-    def _run(self, engine: Engine, items: list[tuple[socket.socket, np.ndarray, np.ndarray]]) -> None:
-        """Run one merged batch on ``engine`` (its thread) and answer each caller."""
+    def _run(self, engine: Engine, items: list[tuple[socket.socket, np.ndarray, np.ndarray]]) -> list[tuple]:
+        """Run one merged batch on ``engine`` (its thread); the reply to each caller."""
         try:
             ids, mask = merge([(i, m) for _, i, m in items])
             out = engine.infer(ids, mask)
-            replies = []
-            row = 0
-            for _, i, _ in items:
-                replies.append(("ok", out[row:row + i.shape[0]]))
-                row += i.shape[0]
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the callers
             log.error("engine_server_batch_failed", rows=sum(i.shape[0] for _, i, _ in items), error=str(exc))
-            replies = [("err", f"{self.info['name']} in the engine server: {exc}")] * len(items)
-            ok = False
-        else:
-            ok = True
+            with self._stats_lock:
+                self.requests += len(items)
+            return [("err", f"{self.info['name']} in the engine server: {exc}")] * len(items)
+        replies = []
+        row = 0
+        for _, i, _ in items:
+            replies.append(("ok", out[row:row + i.shape[0]]))
+            row += i.shape[0]
         with self._stats_lock:
             self.requests += len(items)
-            if ok:
-                self.batches += 1
-                self.rows += ids.shape[0]
+            self.batches += 1
+            self.rows += ids.shape[0]
+        return replies
+
+    def _answer(self, items: list[tuple[socket.socket, np.ndarray, np.ndarray]], replies: list[tuple]) -> None:
         for (conn, _, _), reply in zip(items, replies):
             try:
                 send_frame(conn, reply)
             except OSError:
-                pass  # the worker is gone: this thread's loop sees end of file and drops it
+                pass  # the worker is gone: its end of file is read next and the connection dropped
 
 
 def load_engines(cfg: InferenceConfig, engines_dir: Path, device: int) -> list[Engine]:
@@ -298,6 +303,9 @@ def _serve(control: socket.socket) -> int:
     info = {"name": engine.name, "engines": len(engines), "dim": int(engine.dim), "max_batch_size": int(engine.max_batch_size),
             "max_seq_len": int(engine.max_seq_len), "precision": engine_precision(engine),
             "gpu_memory_bytes": getattr(engine, "gpu_memory_bytes", None), "device": device, "pid": os.getpid()}
+    from inference.encoder import apply_process_settings
+
+    apply_process_settings(cfg)  # the operator's GIL switch interval here too (engine thread + this one)
     server = EngineServer(engines, listener, control, cfg.gpu_max_batch_size, cfg.max_batch_tokens, info)
     send_frame(control, ("ready", info))
     log.info("engine_server_ready", **info, path=init["path"], max_rows=server.max_rows, max_tokens=server.max_tokens)
