@@ -715,8 +715,8 @@ CLI_PLANS["server-check"] = [  # the final code's best layouts against the old o
      ["--concurrency", "256", "--batched-only"]),
     ("check-server-6proc", {**_S, _I + "DEVICE_PROCESSES": "6", _I + "WORKERS": "1"},
      ["--concurrency", "256", "--batched-only"]),
-    ("check-noserver-2proc", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1",
-                              _I + "ENGINE_SERVER": "false"}, ["--concurrency", "256", "--batched-only"]),
+    ("check-noserver-2proc", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
+     ["--concurrency", "256", "--batched-only"]),
 ]
 CLI_PLANS["server"] = [  # one engine server on GPU 0 (WORKERS engines), worker processes sending it batches
     ("server-6proc-e1", {**_S, _I + "DEVICE_PROCESSES": "6", _I + "WORKERS": "1"}, ["--concurrency", "1,32,256"]),
@@ -728,11 +728,12 @@ CLI_PLANS["server"] = [  # one engine server on GPU 0 (WORKERS engines), worker 
      ["--concurrency", "256", "--batched-only"]),
     ("server-4proc-e1", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "1"},
      ["--concurrency", "256", "--batched-only"]),
-    ("noserver-2proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1",
-                           _I + "ENGINE_SERVER": "false"},
+    ("noserver-2proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
      ["--concurrency", "256", "--batched-only"]),
 ]
-CLI_COMMON = {_I + "MAX_QUEUE_DELAY_MS": "0", _I + "MAX_QUEUE_SIZE": "8192", _I + "SWITCH_INTERVAL_MS": "0.5"}
+#: ENGINE_SERVER false: the plans before the engine server measured each worker process with its own engine.
+CLI_COMMON = {_I + "MAX_QUEUE_DELAY_MS": "0", _I + "MAX_QUEUE_SIZE": "8192", _I + "SWITCH_INTERVAL_MS": "0.5",
+              _I + "ENGINE_SERVER": "false"}
 
 
 def cli_bench(carry: Path, out: Path, seconds: float, rec: Recorder, plans: list[str], cpu: bool = False) -> dict:
