@@ -151,7 +151,7 @@ class InferenceConfig:
     on its own thread and CUDA stream; 1 measured best), and the worker processes
     (tokenizer, batcher, CPU fallback) send it their padded batches, which it
     merges into fewer, larger GPU batches (inference/engine_server.py): one H200
-    served 42-45k encodes/s at c = 256 with 4-6 worker processes, against
+    served 42-48k encodes/s at c = 256 with 4-6 worker processes, against
     33-38k/s with each worker process running its own engine (docs/benchmarks.md).
     Off: each worker process loads its own GPU engine. Ignored on the CPU.
     ``engine_socket``: set by the process pool in the worker processes it starts
