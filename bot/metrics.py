@@ -157,13 +157,14 @@ INFERENCE_WORKERS: Final = Gauge(
 
 INFERENCE_WORKER_EXITS: Final = Counter(
     "healthbot_inference_worker_exits",
-    "Inference worker processes (inference.device_processes) that exited, were killed as silent, or sent "
-    "a garbled message; their texts were resent to a live worker. By worker (e.g. cuda:0#1).",
+    "Inference worker processes (inference.device_processes) and engine servers that exited, were killed as "
+    "silent, or sent a garbled message; a worker's texts were resent to a live worker. By worker (e.g. cuda:0#1, "
+    "engine-server:cuda:0).",
     ["worker"], registry=REGISTRY)
 
 INFERENCE_WORKER_RESTARTS: Final = Counter(
     "healthbot_inference_worker_restarts",
-    "Inference worker processes started again after an exit, by worker.",
+    "Inference worker processes and engine servers started again after an exit, by worker.",
     ["worker"], registry=REGISTRY)
 
 ENGINE_FALLBACKS: Final = Counter(

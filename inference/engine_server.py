@@ -18,7 +18,8 @@ both are framed by :mod:`inference.framing` (processes of this user only: the
 socket's folder is created mode 0700 by the pool).
 
 - control, parent → server: ``("init", {cfg, engines_dir, device, path})`` once,
-  ``("call", id, "stats")``, ``("close",)``; server → parent: ``("ready", info)``
+  ``("call", id, "stats")`` (batches, rows, requests, and ``running_s``: how long
+  the oldest batch on an engine has been running), ``("close",)``; server → parent: ``("ready", info)``
   or ``("failed", message)`` once, ``("result", id, value)``. End of file on the
   control socket (the parent died) stops the server.
 - per worker connection: server → worker ``("hello", info)`` on connect; worker
@@ -52,6 +53,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -139,6 +141,7 @@ class EngineServer:
         self.batches = self.rows = self.requests = 0
         self._stats_lock = threading.Lock()
         self._idle: list[int] = list(range(len(self.engines)))  # touched by this thread only
+        self._running_since: list[float | None] = [None] * len(self.engines)  # per engine, time.monotonic()
         self._done: queue.SimpleQueue[tuple[int, list, list]] = queue.SimpleQueue()
         self._jobs = [queue.SimpleQueue() for _ in self.engines]
         self._wake_r, self._wake_w = socket.socketpair()
@@ -218,8 +221,10 @@ class EngineServer:
         if msg[0] == "close":
             return False
         if msg[0] == "call":
+            now = time.monotonic()
             with self._stats_lock:
-                stats = {"batches": self.batches, "rows": self.rows, "requests": self.requests}
+                stats = {"batches": self.batches, "rows": self.rows, "requests": self.requests,
+                         "running_s": max((now - t for t in self._running_since if t is not None), default=0.0)}
             send_frame(self.control, ("result", msg[1], stats if msg[2] == "stats"
                                       else {"error": f"unknown call {msg[2]!r}"}))
         return True
@@ -227,7 +232,10 @@ class EngineServer:
     def _engine_loop(self, index: int) -> None:
         engine, jobs = self.engines[index], self._jobs[index]
         while (items := jobs.get()) is not None:
-            self._done.put((index, items, self._run(engine, items)))
+            self._running_since[index] = time.monotonic()
+            replies = self._run(engine, items)
+            self._running_since[index] = None
+            self._done.put((index, items, replies))
             self._wake_w.send(b"w")
 
     def _run(self, engine: Engine, items: list[tuple[socket.socket, np.ndarray, np.ndarray]]) -> list[tuple]:

@@ -22,6 +22,12 @@ framed by :mod:`inference.framing`:
   ``("ok", id, engine_name, float32[N, D])``; ``("err", id, kind, message)``;
   ``("result", id, value)``.
 
+With ``inference.engine_server`` on GPUs, one more process per GPU, the engine
+server (inference/engine_server.py), owns the GPU engine; the workers of that GPU
+send it their padded batches (``inference.engine_socket``). It is restarted like a
+worker when it exits, and killed and restarted when a batch on it runs past the
+deadline; meanwhile its workers serve on their CPU fallback engine.
+
 A worker that exits or breaks its socket is logged, its texts in flight are sent
 again to a live worker (none lost while one is left), and it is started again
 after 1 s, doubling up to 30 s while it keeps failing. A worker gone silent (no
@@ -79,6 +85,8 @@ START_TIMEOUT_S = 600.0
 RESTART_S, MAX_RESTART_S = 1.0, 30.0
 #: How often the server process fetches each worker's Prometheus metrics (seconds).
 METRICS_POLL_S = 5.0
+#: How often the engine servers are asked whether a batch is stuck (seconds).
+SERVER_CHECK_S = 1.0
 #: Extra wait beyond ``deadline_ms`` before the parent gives up on a silent worker (seconds).
 SILENT_GRACE_S = 1.0
 
@@ -193,8 +201,8 @@ class ProcessPoolEncoder:
         the workers build their encoder with instead of :meth:`Encoder.create` (tests,
         and the bench of this process's own cost with an engine that does nothing).
         ``server_loader``: ``"module:function"``, ``function(cfg, engines_dir, device) -> Engine``
-        the engine servers load their engine with instead of
-        :func:`inference.engine_server.load_engine` (tests).
+        the engine servers load each engine with instead of
+        :func:`inference.engine_server.load_engines` (tests).
 
         Raises:
             FileNotFoundError: the model is not prepared (``healthbot prepare-model``).
@@ -220,6 +228,8 @@ class ProcessPoolEncoder:
         self._engines = sum(int(w.info.get("engines", 1)) for w in self.workers)
         metrics.INFERENCE_WORKERS.labels(engine=self.info["engine"]).inc(self._engines)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        if self.servers:
+            self._background(self._watch_servers())
         metrics.REGISTRY.register(self._worker_metrics)
         self._background(self._poll_metrics())
         log.info("process_pool_ready", processes=len(self.workers), engine=self.info["engine"],
@@ -258,7 +268,7 @@ class ProcessPoolEncoder:
         if msg[0] != "ready":
             await self._stop(w)
             raise EngineError(f"inference process {w.label}: {msg[1]}")
-        w.info, w.engine_name, w.alive = msg[1], msg[1].get("engine") or msg[1].get("name", ""), True
+        w.info, w.engine_name, w.alive = msg[1], msg[1].get("engine", ""), True
         w.restart_s = RESTART_S
         w.reader_task = asyncio.get_running_loop().create_task(self._read_loop(w, reader))
 
@@ -418,6 +428,26 @@ class ProcessPoolEncoder:
                     log.error("inference_worker_silent", worker=w.label, messages=len(late), waited_s=round(limit, 2),
                               action="killed; restarted like any exited worker")
                     w.process.kill()
+
+    async def _watch_servers(self) -> None:
+        """Every :data:`SERVER_CHECK_S`, ask each live engine server how long its oldest batch
+        has been running; one past ``inference.deadline_ms`` + :data:`SILENT_GRACE_S` (a stuck
+        GPU call), or no answer within that long, gets it killed and restarted like any exited
+        server (its workers serve on their CPU engine meanwhile: their batches time out)."""
+        limit = self.cfg.deadline_ms / 1000.0 + SILENT_GRACE_S
+        while not self._closing:
+            await asyncio.sleep(SERVER_CHECK_S)
+            for s in [s for s in self.servers.values() if s.alive]:
+                try:
+                    running_s = (await asyncio.wait_for(self.call(s, "stats"), limit))["running_s"]
+                except TimeoutError:
+                    running_s = limit
+                except EngineError:
+                    continue  # it exited meanwhile: restarted by _on_exit
+                if running_s >= limit and s.process is not None and s.process.returncode is None:
+                    log.error("engine_server_silent", server=s.label, batch_running_s=round(running_s, 2),
+                              action="killed; restarted like any exited engine server")
+                    s.process.kill()
 
     def _background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

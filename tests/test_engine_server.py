@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from bot.config import Config, InferenceConfig
+from inference.batcher import DeadlineExceeded
 from inference.encoder import Encoder
 from inference.engine_server import EngineServer, merge, merge_plan
 from inference.engines.base import EngineError
@@ -262,6 +263,30 @@ async def test_worker_processes_run_their_batches_in_the_engine_server_and_survi
         await enc.close()
     assert enc.servers[0].process.returncode is not None
     assert not Path(enc.servers[0].server_path).parent.exists()
+
+
+@needs_model
+async def test_an_engine_server_stuck_in_a_batch_is_killed_and_restarted(one_fake_gpu, tmp_path, monkeypatch):
+    hang = tmp_path / "hang"
+    monkeypatch.setenv("GPU_DOUBLE_HANG_FILE", str(hang))
+    enc = await ProcessPoolEncoder.create(server_cfg(deadline_ms=1000.0), ENGINES_DIR,
+                                          server_loader="worker_doubles:gpu_engine_double")
+    try:
+        server = enc.servers[0]
+        pid = server.info["pid"]
+        await enc.encode(QUESTIONS[:2])
+        hang.touch()
+        with pytest.raises(DeadlineExceeded):  # the stuck batch's callers time out at their deadline
+            await enc.encode(QUESTIONS[2:3])
+        hang.unlink()
+        for _ in range(150):  # killed after deadline + 1 s of running, then restarted
+            await asyncio.sleep(0.1)
+            if server.restarts == 1 and server.alive:
+                break
+        assert server.restarts == 1 and server.info["pid"] != pid
+        np.testing.assert_allclose(await enc.encode(QUESTIONS[:2]), await _reference(QUESTIONS[:2]), atol=1e-5)
+    finally:
+        await enc.close()
 
 
 @needs_model

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import types
 
 import numpy as np
@@ -58,7 +59,8 @@ async def no_engine(cfg, engines_dir):
 
 class GpuEngineDouble:
     """The real ONNX model on the CPU under the name of a GPU engine (``torch_cuda``), for the
-    engine server in tests/test_engine_server.py; ``infer`` records each batch's rows."""
+    engine server in tests/test_engine_server.py; ``infer`` records each batch's rows, and
+    hangs while the file named by ``GPU_DOUBLE_HANG_FILE`` exists."""
 
     name = "torch_cuda"
     gpu_memory_bytes = 123 * 2**20
@@ -74,6 +76,9 @@ class GpuEngineDouble:
         self.batch_rows: list[int] = []
 
     def infer(self, input_ids, attention_mask):
+        hang = os.environ.get("GPU_DOUBLE_HANG_FILE")
+        if hang and os.path.exists(hang):  # a stuck GPU call
+            time.sleep(3600)
         self.batch_rows.append(input_ids.shape[0])
         return self._ort.infer(input_ids, attention_mask)
 
