@@ -92,3 +92,13 @@ def test_scaling_table():
                         "errors": 0}]}
     table = bench.format_scaling(result)
     assert "2 worker process(es) per device" in table and "56355.5" in table and "1.9x" in table
+
+
+def test_rss_trend_is_a_fitted_slope_per_1000_encodes_not_last_minus_first():
+    from inference.bench import rss_trend
+
+    flat_but_noisy = [750.0, 700.0, 800.0, 720.0, 780.0, 705.0, 795.0, 750.0]
+    assert abs(rss_trend(flat_but_noisy, 500)) < 10.0  # last - first would say 0, one step earlier +95
+    growing = [600.0 + 3.0 * i for i in range(10)]  # +3 MiB every 500 encodes
+    assert rss_trend(growing, 500) == pytest.approx(6.0)
+    assert rss_trend([1.0, 2.0], 500) == 0.0
