@@ -9,7 +9,12 @@ own engine, kept the GPU busy with small batches (kernels of different processes
 take turns without NVIDIA MPS). Here the worker processes keep their tokenizer,
 dynamic batcher and CPU fallback, but their GPU engine is a
 :class:`~inference.engines.remote.RemoteEngine` that sends each padded batch
-here; whatever batches arrived while the GPU was busy run as one.
+here; whatever batches arrived while the GPU was busy run as one. Measured on one
+H200 at c = 256: 42-48k encodes/s against 33-38k/s with an engine per worker
+process on the same machine instances (docs/benchmarks.md, fifth session).
+
+The server holds ``inference.workers`` engines of the GPU (each on its own
+thread; torch_cuda instances share the weights); 1 measured best.
 
 Started by :class:`~inference.process_pool.ProcessPoolEncoder` as ``python -m
 inference.engine_server --fd N`` (a fresh interpreter), with a control socket
@@ -18,10 +23,11 @@ both are framed by :mod:`inference.framing` (processes of this user only: the
 socket's folder is created mode 0700 by the pool).
 
 - control, parent → server: ``("init", {cfg, engines_dir, device, path})`` once,
-  ``("call", id, "stats")`` (batches, rows, requests, and ``running_s``: how long
-  the oldest batch on an engine has been running), ``("close",)``; server → parent: ``("ready", info)``
-  or ``("failed", message)`` once, ``("result", id, value)``. End of file on the
-  control socket (the parent died) stops the server.
+  ``("call", id, "stats")`` (batches, rows, requests, and ``running_s``: how
+  long the oldest batch on an engine has been running; the pool kills a server
+  whose batch runs past the deadline), ``("close",)``; server → parent:
+  ``("ready", info)`` or ``("failed", message)`` once, ``("result", id, value)``.
+  End of file on the control socket (the parent died) stops the server.
 - per worker connection: server → worker ``("hello", info)`` on connect; worker
   → server ``("infer", int64[B, T] input_ids, int64[B, T] attention_mask)``,
   one at a time; server → worker ``("ok", float32[B, D])`` or ``("err", message)``.
@@ -34,9 +40,9 @@ socket's folder is created mode 0700 by the pool).
 (no added delay: the front ends' batchers already waited) and runs them in as
 few engine calls as :func:`merge_plan` allows: up to ``min(engine.max_batch_size,
 inference.gpu_max_batch_size)`` rows and ``inference.max_batch_tokens`` padded
-tokens per call, with at most 2x padding waste, padded to the group's longest window. Added columns get id 0
-with mask 0: masked positions do not change the output (attention ignores them
-as keys, mean pooling skips them).
+tokens per call, with at most 2x padding waste, padded to the group's longest
+window. Added columns get id 0 with mask 0: masked positions do not change the
+output (attention ignores them as keys, mean pooling skips them).
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ import dataclasses
 import importlib
 import os
 import pickle
-import selectors
 import queue
+import selectors
 import signal
 import socket
 import sys
@@ -61,7 +67,7 @@ import numpy as np
 import structlog
 
 from bot.config import InferenceConfig
-from inference.engines.base import Engine, EngineError
+from inference.engines.base import Engine
 from inference.framing import recv_frame, send_frame
 
 log = structlog.get_logger("healthbot.inference.engine_server")
@@ -284,6 +290,7 @@ def load_engines(cfg: InferenceConfig, engines_dir: Path, device: int) -> list[E
 
 def _serve(control: socket.socket) -> int:
     from bot.logs import configure_logging
+    from inference.encoder import apply_process_settings
     from inference.pool import device_label, engine_precision
 
     _, init = recv_frame(control)
@@ -308,15 +315,15 @@ def _serve(control: socket.socket) -> int:
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises EngineError
         send_frame(control, ("failed", f"{type(exc).__name__}: {exc}"))
         return 1
-    info = {"name": engine.name, "engines": len(engines), "dim": int(engine.dim), "max_batch_size": int(engine.max_batch_size),
-            "max_seq_len": int(engine.max_seq_len), "precision": engine_precision(engine),
+    info = {"name": engine.name, "engines": len(engines), "dim": int(engine.dim),
+            "max_batch_size": int(engine.max_batch_size), "max_seq_len": int(engine.max_seq_len),
+            "precision": engine_precision(engine),
             "gpu_memory_bytes": getattr(engine, "gpu_memory_bytes", None), "device": device, "pid": os.getpid()}
-    from inference.encoder import apply_process_settings
-
     apply_process_settings(cfg)  # the operator's GIL switch interval here too (engine thread + this one)
     server = EngineServer(engines, listener, control, cfg.gpu_max_batch_size, cfg.max_batch_tokens, info)
     send_frame(control, ("ready", info))
-    log.info("engine_server_ready", **info, path=init["path"], max_rows=server.max_rows, max_tokens=server.max_tokens)
+    log.info("engine_server_ready", **info, path=init["path"], max_rows=server.max_rows,
+             max_tokens=server.max_tokens)
     try:
         server.serve()
     finally:

@@ -70,7 +70,8 @@ class GpuEngineDouble:
 
         from inference.engines.onnxruntime import OnnxRuntimeEngine
 
-        self._ort = OnnxRuntimeEngine(Path(engines_dir) / "model.onnx", intra_op_threads=1, max_batch_size=max_batch_size)
+        self._ort = OnnxRuntimeEngine(Path(engines_dir) / "model.onnx", intra_op_threads=1,
+                                      max_batch_size=max_batch_size)
         self.dim, self.max_batch_size, self.max_seq_len = self._ort.dim, max_batch_size, self._ort.max_seq_len
         self.precision = "fp32"
         self.batch_rows: list[int] = []
