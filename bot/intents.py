@@ -23,7 +23,8 @@ import re
 from bot.types import Intent
 from safety.normalize import Normalized
 
-__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "aftercare_reply", "is_aftercare", "GREETING_TOKENS",
+__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "aftercare_reply", "is_aftercare", "medical_diet_reply",
+           "is_medical_diet", "MEDICAL_DIET_CONDITIONS", "MEDICAL_DIET_REPLY", "GREETING_TOKENS",
            "HANDOFF_PATTERNS", "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
 
 # A message is a greeting when it is made only of these tokens (and punctuation/spaces).
@@ -159,6 +160,49 @@ AFTERCARE_REPLY: dict[str, str] = {
 def aftercare_reply(lang: str) -> str:
     """:data:`AFTERCARE_REPLY` in ``lang`` (``"zh"``, else English, as :func:`intent_reply`)."""
     return AFTERCARE_REPLY["zh" if lang == "zh" else "en"]
+
+
+# Eating with a condition whose diet the treating team sets (kidney disease, liver cirrhosis,
+# Parkinson's): how much protein, potassium, salt or fluid is right depends on the stage, the
+# blood tests and the medicines, and the general diet topics can be wrong there (the older
+# people's topic says "protein at every meal"; kidney disease may limit it; in Parkinson's,
+# protein can affect levodopa). Conditions the knowledge base has a diet topic for
+# (diabetes, high blood pressure, gout, cholesterol) are not listed. "肾虚" (a TCM notion)
+# and a bare "肾不好" are not matched.
+MEDICAL_DIET_CONDITIONS: tuple[str, ...] = (
+    "肾病|肾脏病|肾功能(?:不全|不好|差|下降|衰竭|减退)|肾衰|尿毒症|慢性肾|肌酐(?:高|偏高)|肝硬化|帕金森",
+    r"\bkidney (?:disease|failure|problems?|function)\b|\bckd\b|\brenal (?:disease|failure)\b|\bcirrhosis\b|"
+    r"\bparkinson'?s?\b",
+)
+MEDICAL_DIET_EATING: tuple[str, ...] = (
+    "吃|饮食|食物|食谱|喝|忌口|营养|蛋白",
+    r"\beat(?:s|ing)?\b|\bdiet\b|\bfoods?\b|\bmeals?\b|\bdrink\b|\bprotein\b|\bnutrition\b",
+)
+_MEDICAL_DIET_RE = tuple((re.compile(c), re.compile(e)) for c, e in zip(MEDICAL_DIET_CONDITIONS, MEDICAL_DIET_EATING))
+
+#: Reply to such a question, in our own words (the advice of kidney and dietetic services,
+#: e.g. NHS "Chronic kidney disease - treatment": diet advice comes from the care team or a
+#: renal dietitian). Listed for clinician review with the other safety texts.
+MEDICAL_DIET_REPLY: dict[str, str] = {
+    "zh": "肾病、肝硬化、帕金森病这类疾病怎么吃，要按病情轻重、化验结果和正在用的药来定：蛋白质、钾、盐和水吃多少，"
+          "每个人都不一样，一般的健康饮食建议不一定适合，我不想说错误导您。请问给您看这个病的医生，"
+          "或到医院营养科请营养师制订方案。需要人工帮助请回复“人工”。",
+    "en": "How to eat with kidney disease, liver cirrhosis or Parkinson's depends on the stage, the blood tests and "
+          "the medicines: the right amount of protein, potassium, salt or fluid differs from person to person, so "
+          "general healthy-eating advice may not fit and I won't guess. Please ask the doctor who treats the "
+          'condition, or a hospital dietitian, for a plan. Reply "human" to talk to a person.',
+}
+
+
+def medical_diet_reply(lang: str) -> str:
+    """:data:`MEDICAL_DIET_REPLY` in ``lang`` (``"zh"``, else English, as :func:`intent_reply`)."""
+    return MEDICAL_DIET_REPLY["zh" if lang == "zh" else "en"]
+
+
+def is_medical_diet(norm: Normalized) -> bool:
+    """True for a question about eating with a condition whose diet the treating team sets
+    (:data:`MEDICAL_DIET_CONDITIONS` and an eating word in the same language's pattern)."""
+    return any(c.search(norm.text) and e.search(norm.text) for c, e in _MEDICAL_DIET_RE)
 
 
 def is_aftercare(norm: Normalized) -> bool:

@@ -74,6 +74,27 @@ async def test_aftercare_question_sends_the_user_to_the_treating_team(dispatcher
     assert "全科门诊" not in reply.text and "GP or family doctor" not in reply.text
 
 
+@pytest.mark.parametrize("q, lang, words", [
+    ("老伴肾功能不好 吃饭要注意啥", "zh", ("蛋白质", "营养科")),
+    ("家里老人得了帕金森 平时饮食要注意什么", "zh", ("化验结果", "医生")),
+    ("my dad has kidney problems, what food is good for him?", "en", ("dietitian", "protein")),
+])
+async def test_eating_with_kidney_disease_or_parkinsons_goes_to_the_care_team_not_a_general_diet(dispatcher, q,
+                                                                                                   lang, words):
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent is Intent.NO_ANSWER and reply.topic is None and reply.lang == lang
+    for w in words:
+        assert w in reply.text
+    assert "每餐有点蛋白质" not in reply.text
+
+
+@pytest.mark.parametrize("q, topic", [("老人饮食要注意什么", "elder.nutrition"),
+                                      ("糖尿病人早餐吃什么好", "chronic.diabetes_diet")])
+async def test_diet_questions_without_such_a_condition_keep_their_topic(dispatcher, q, topic):
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent is Intent.ANSWER and reply.topic == topic
+
+
 async def test_retried_message_is_computed_once(dispatcher, monkeypatch):
     calls = 0
     search = dispatcher.retriever.search
