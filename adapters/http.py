@@ -2,8 +2,12 @@
 
 Request: ``{"text": str, "user_id": str (optional), "message_id": str (optional,
 a retry with the same id gets the same reply), "lang": "zh"|"en" (optional)}``.
-Response: the JSON of :meth:`bot.types.Reply.as_dict`. A body that is not such a
-JSON object gets 400 with an ``error`` message.
+Response: the JSON of :meth:`bot.types.Reply.as_dict` plus ``user_id``. A request
+without ``user_id`` gets a new random one (``anon-<32 hex>``), so callers who send
+none are never one shared user (one of them asking for a person would otherwise
+hand every other to that person); send it back to continue the conversation
+(follow-ups, a handoff, ``GET /api/messages``). A body that is not such a JSON
+object gets 400 with an ``error`` message.
 """
 
 from __future__ import annotations
@@ -41,11 +45,11 @@ def setup_http(app: web.Application, dispatcher) -> None:
         lang = body.get("lang")
         if lang not in (None, "zh", "en"):
             return web.json_response({"error": "field 'lang' must be 'zh' or 'en'"}, status=400)
-        user = str(body.get("user_id") or "anonymous")
+        user = str(body.get("user_id") or f"anon-{uuid.uuid4().hex}")
         inbound = Inbound(channel="http", user_id=user, chat_id=user,
                           message_id=str(body.get("message_id") or uuid.uuid4()),
                           kind=MessageKind.TEXT, text=text, lang=lang)
         reply = await dispatcher.handle(inbound)
-        return web.json_response(reply.as_dict(), dumps=_dumps)
+        return web.json_response({**reply.as_dict(), "user_id": user}, dumps=_dumps)
 
     app.router.add_post("/api/chat", chat)

@@ -151,8 +151,9 @@ class InferenceConfig:
     on its own thread and CUDA stream; 1 measured best), and the worker processes
     (tokenizer, batcher, CPU fallback) send it their padded batches, which it
     merges into fewer, larger GPU batches (inference/engine_server.py): one H200
-    served 42-48k encodes/s at c = 256 with 4-6 worker processes, against
-    33-38k/s with each worker process running its own engine (docs/benchmarks.md).
+    served 42-48k encodes/s at c = 256 with 6 worker processes (40-45k with 4),
+    against 33-38k/s with each worker process running its own engine
+    (docs/benchmarks.md; switch interval 0.5 ms, max queue delay 0).
     Off: each worker process loads its own GPU engine. Ignored on the CPU.
     ``engine_socket``: set by the process pool in the worker processes it starts
     (the engine server's Unix socket); leave it empty.
@@ -280,13 +281,26 @@ _SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key"), ("wechat", "appsecre
                 ("telegram", "secret"), ("console", "token")}
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _to_bool(value: Any) -> bool:
+    """A boolean setting from TOML or the environment; raises ValueError for anything but
+    true/false, 1/0, yes/no, on/off (any case), so a typo does not silently mean false."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError("use true or false")
+
+
 def _coerce(section: str, key: str, current: Any, value: Any) -> Any:
     name = f"{section}.{key}" if section else key
     try:
         if isinstance(current, bool):
-            if isinstance(value, str):
-                return value.strip().lower() in ("1", "true", "yes", "on")
-            return bool(value)
+            return _to_bool(value)
         if isinstance(current, int) and not isinstance(current, bool):
             return int(value)
         if isinstance(current, float):

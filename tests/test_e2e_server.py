@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -96,6 +97,19 @@ def test_bad_signature_is_403_and_malformed_xml_is_400(server):
     assert _request(server + path, body)[0] == 403
     path, _ = WechatSigner(TOKEN).plain_post(text_xml("你好"))
     assert _request(server + path, b"<xml><Content>broken")[0] == 400
+
+
+def test_http_callers_without_a_user_id_are_not_one_shared_user(server):
+    status, body, _ = _request(server + "/api/chat", '{"text": "转人工"}'.encode())
+    first = json.loads(body)
+    assert status == 200 and first["intent"] == "handoff" and first["user_id"].startswith("anon-")
+    # Another caller without a user id is answered by the bot, not relayed to that person.
+    other = json.loads(_request(server + "/api/chat", b'{"text": "how much water should I drink a day"}')[1])
+    assert other["intent"] == "answer" and other["topic"] == "nutri.water" and other["user_id"] != first["user_id"]
+    # The first caller continues its conversation with the id it was given.
+    again = json.loads(_request(server + "/api/chat", json.dumps(
+        {"text": "how much water should I drink a day", "user_id": first["user_id"]}).encode())[1])
+    assert again["intent"] == "handoff" and again["user_id"] == first["user_id"]
 
 
 def test_http_api_and_health_endpoints(server):

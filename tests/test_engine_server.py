@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bot.config import Config, InferenceConfig
+from bot.config import Config, ConfigError, InferenceConfig, load_config
 from inference.batcher import DeadlineExceeded
 from inference.encoder import Encoder
 from inference.engine_server import EngineServer, merge, merge_plan
@@ -56,6 +56,14 @@ def test_merge_pads_added_columns_with_a_zero_mask():
     ids, mask = merge([a, b])
     assert ids.tolist() == [[0, 5, 2, 0, 0], [0, 7, 8, 9, 2], [0, 6, 2, 1, 1]]
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+
+
+def test_engine_server_setting_takes_true_or_false_and_refuses_a_typo():
+    assert InferenceConfig().engine_server is True
+    assert load_config(env={"HEALTHBOT_INFERENCE_ENGINE_SERVER": "false"}).inference.engine_server is False
+    assert load_config(env={"HEALTHBOT_INFERENCE_ENGINE_SERVER": "On"}).inference.engine_server is True
+    with pytest.raises(ConfigError, match="inference.engine_server.*'nope'"):
+        load_config(env={"HEALTHBOT_INFERENCE_ENGINE_SERVER": "nope"})
 
 
 # ------------------------------------------------------------------ the server loop on a thread

@@ -1124,7 +1124,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--steps", default=",".join(ALL_STEPS),
                    help="comma list of: parity, latency, memory, memory_caps, gpu_time, frontend, pool, "
                         "pool_uvloop, tensorrt, pytest; and (new front end) accuracy, frontend_null, bench, fault; "
-                        "procs, multigpu; cli-scaling, cli-scaling-in-process, cli-single, cli-tune, cli-mps (healthbot bench runs, CLI_PLANS)")
+                        "procs, multigpu, server-fault; cli-scaling, cli-scaling-in-process, cli-single, cli-tune, "
+                        "cli-mps, cli-server, cli-server-check (healthbot bench runs, CLI_PLANS)")
     args = ap.parse_args(argv)
     if args.cmd == "pack":
         pack(args.engines_dir, args.out)
