@@ -383,24 +383,26 @@ class InferencePool:
             if self._closing and self._admitted == 0 and self._drained is not None:
                 self._drained.set()
 
-    def _infer_on_worker(self, engine: Engine, windows: list[list[int]]) -> np.ndarray:
-        t0 = time.perf_counter()
-        outs = []
-        for start in range(0, len(windows), self.max_batch_size):
-            ids, mask = pad_batch(windows[start:start + self.max_batch_size], self.pad_id)
-            outs.append(engine.infer(ids, mask))
+    def _padded_chunks(self, windows: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``windows`` padded in chunks of at most ``max_batch_size`` (int64[B, T] ids and mask each)."""
+        return [pad_batch(windows[start:start + self.max_batch_size], self.pad_id)
+                for start in range(0, len(windows), self.max_batch_size)]
+
+    @staticmethod
+    def _joined(engine: Engine, outs: list[np.ndarray], t0: float) -> np.ndarray:
+        """The chunks' float32 rows as one array; the engine time since ``t0`` recorded."""
         out = outs[0] if len(outs) == 1 else np.concatenate(outs)
         metrics.INFERENCE_ENGINE_TIME.labels(engine=engine.name).observe(time.perf_counter() - t0)
         return out
 
+    def _infer_on_worker(self, engine: Engine, windows: list[list[int]]) -> np.ndarray:
+        t0 = time.perf_counter()
+        return self._joined(engine, [engine.infer(ids, mask) for ids, mask in self._padded_chunks(windows)], t0)
+
     async def _infer_async(self, engine: Any, windows: list[list[int]]) -> np.ndarray:
         t0 = time.perf_counter()
-        outs = []
-        for start in range(0, len(windows), self.max_batch_size):
-            outs.append(await engine.infer_async(*pad_batch(windows[start:start + self.max_batch_size], self.pad_id)))
-        out = outs[0] if len(outs) == 1 else np.concatenate(outs)
-        metrics.INFERENCE_ENGINE_TIME.labels(engine=engine.name).observe(time.perf_counter() - t0)
-        return out
+        return self._joined(engine, [await engine.infer_async(ids, mask) for ids, mask in self._padded_chunks(windows)],
+                            t0)
 
     async def call_on_worker(self, fn: Callable[[Engine], Any], device: Device | str = "first") -> Any:
         """Run ``fn(engine)`` on an idle worker's thread (of ``device``; default the
