@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import os
 import pickle
 import queue
@@ -61,7 +60,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import structlog
@@ -273,39 +272,37 @@ class EngineServer:
                 pass  # the worker is gone: its end of file is read next and the connection dropped
 
 
-def load_engines(cfg: InferenceConfig, engines_dir: Path, device: int) -> list[Engine]:
+def load_engines(cfg: InferenceConfig, engines_dir: Path, device: int,
+                 load: Callable[[InferenceConfig, Path, int], Engine] | None = None) -> list[Engine]:
     """``cfg.workers`` (at least 1) instances of the first GPU engine of ``cfg.engine_order``
-    that loads on ``device`` (blocking; torch_cuda instances share the weights).
+    that loads on ``device`` (blocking; torch_cuda instances share the weights), or of what
+    ``load(cfg, engines_dir, device)`` returns (tests).
 
     Raises:
         EngineError: none loads (the message lists each one's reason).
     """
-    from inference.manager import GPU_ENGINES, load_engine_factory
+    if load is None:
+        from inference.manager import GPU_ENGINES, load_engine_factory
 
-    gpu_order = [n for n in cfg.engine_order if n in GPU_ENGINES]
-    scfg = dataclasses.replace(cfg, engine_order=gpu_order, devices=[str(device)], engine_socket="")
-    factory = load_engine_factory(scfg, engines_dir)
-    return [factory(device) for _ in range(max(1, cfg.workers))]
+        gpu_order = [n for n in cfg.engine_order if n in GPU_ENGINES]
+        factory = load_engine_factory(dataclasses.replace(cfg, engine_order=gpu_order, devices=[str(device)],
+                                                          engine_socket=""), engines_dir)
+        load = lambda _cfg, _dir, dev: factory(dev)  # noqa: E731
+    return [load(cfg, engines_dir, device) for _ in range(max(1, cfg.workers))]
 
 
 def _serve(control: socket.socket) -> int:
-    from bot.logs import configure_logging
     from inference.encoder import apply_process_settings
-    from inference.pool import device_label, engine_precision
+    from inference.pool import engine_precision
+    from inference.process_pool import child_config, import_hook
 
     _, init = recv_frame(control)
-    configure_logging(init.get("log_level") or "INFO")
+    cfg = child_config(init)
     device = int(init["device"])
-    structlog.contextvars.bind_contextvars(worker=f"engine-server:{device_label(device)}")
-    fields = {f.name for f in dataclasses.fields(InferenceConfig)}
-    cfg = InferenceConfig(**{k: v for k, v in init["cfg"].items() if k in fields})
     try:
-        if init.get("loader"):  # tests: "module:function"
-            module, _, name = init["loader"].partition(":")
-            load = getattr(importlib.import_module(module), name)
-            engines = [load(cfg, Path(init["engines_dir"]), device) for _ in range(max(1, cfg.workers))]
-        else:
-            engines = load_engines(cfg, Path(init["engines_dir"]), device)
+        # tests: "module:function"
+        engines = load_engines(cfg, Path(init["engines_dir"]), device,
+                               import_hook(init["loader"]) if init.get("loader") else None)
         engine = engines[0]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(init["path"])  # left by a server that died (this one is its restart)

@@ -609,24 +609,37 @@ def _fail(msg: _Message, exc: Exception) -> None:
             fut.set_exception(exc)
 
 
+# --------------------------------------------------------------------------- child processes
+def child_config(init: dict) -> InferenceConfig:
+    """What a process started by the pool (worker or engine server) does first with its
+    ``init``: log at the parent's level with its label (``init["worker"]``) on every line,
+    and rebuild its :class:`InferenceConfig` (keys this code does not know are ignored)."""
+    from bot.logs import configure_logging
+
+    configure_logging(init.get("log_level") or "INFO")
+    structlog.contextvars.bind_contextvars(worker=init.get("worker"))  # which process each log line is from
+    fields = {f.name for f in dataclasses.fields(InferenceConfig)}
+    return InferenceConfig(**{k: v for k, v in init["cfg"].items() if k in fields})
+
+
+def import_hook(spec: str) -> Any:
+    """The function named by a ``"module:function"`` test or bench hook."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 # --------------------------------------------------------------------------- worker process
 async def _serve(sock: socket.socket) -> int:
     """The worker: load an :class:`Encoder` from ``init``, then answer messages until
     ``close`` or end of file. Exit code 0, or 1 when the encoder could not load."""
-    from bot.logs import configure_logging
     from inference.bench import ceiling_run
     from inference.encoder import Encoder
 
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     _, init = await read_frame(reader)
-    configure_logging(init.get("log_level") or "INFO")
-    structlog.contextvars.bind_contextvars(worker=init.get("worker"))  # which worker each log line is from
-    fields = {f.name for f in dataclasses.fields(InferenceConfig)}
-    cfg = InferenceConfig(**{k: v for k, v in init["cfg"].items() if k in fields})
-    create = Encoder.create
-    if init.get("encoder_factory"):  # tests and the front-end bench: "module:function"
-        module, _, name = init["encoder_factory"].partition(":")
-        create = getattr(importlib.import_module(module), name)
+    cfg = child_config(init)
+    # tests and the front-end bench: "module:function"
+    create = import_hook(init["encoder_factory"]) if init.get("encoder_factory") else Encoder.create
     try:
         encoder = await create(cfg, Path(init["engines_dir"]))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises EngineError
