@@ -274,6 +274,12 @@ async def bench_engine(spec: EngineSpec, cfg: InferenceConfig, engines_dir: Path
     return info, runs
 
 
+def _mean_batch(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Mean rows per batch between two ``(batches, rows)`` counts (0.0 when no batch ran)."""
+    batches, rows = after[0] - before[0], after[1] - before[1]
+    return round(rows / batches, 2) if batches > 0 else 0.0
+
+
 def _served_record(spec: EngineSpec, precision: str, batched: bool, concurrency: int, r: dict[str, Any],
                    max_batch_size: int, max_queue_delay_ms: float, progress: Callable[[str], None],
                    processes: int | None = None) -> dict[str, Any]:
@@ -341,15 +347,12 @@ async def bench_processes(spec: EngineSpec, cfg: InferenceConfig, engines_dir: P
             for text in texts[:WARMUP_REQUESTS]:
                 await enc.encode([text])
             for c in concurrencies:
-                b0, r0 = await enc.batch_stats()
-                s0 = await enc.server_stats()
+                b0, s0 = await enc.batch_stats(), await enc.server_stats()
                 r = await drive(lambda t, enc=enc: enc.encode([t]), texts, c, run_seconds)
-                b1, r1 = await enc.batch_stats()
-                s1 = await enc.server_stats()
-                r["mean_batch_size"] = round((r1 - r0) / (b1 - b0), 2) if b1 > b0 else 0.0
+                b1, s1 = await enc.batch_stats(), await enc.server_stats()
+                r["mean_batch_size"] = _mean_batch(b0, b1)
                 if enc.servers:  # the GPU's batches: the workers' batches merged in the engine server
-                    r["mean_engine_batch_size"] = (round((s1[1] - s0[1]) / (s1[0] - s0[0]), 2)
-                                                   if s1[0] > s0[0] else 0.0)
+                    r["mean_engine_batch_size"] = _mean_batch(s0, s1)
                 runs.append(_served_record(spec, precision, batched, c, r, enc.info["max_batch_size"],
                                            bcfg.max_queue_delay_ms, progress, processes=len(enc.workers)))
             if batched and ceiling_seconds > 0:

@@ -171,10 +171,13 @@ class ProcessPoolEncoder:
         self.engines_dir = Path(engines_dir).resolve()
         self.workers = [_Worker(i, d) for i, d in enumerate(plan_devices(cfg))]
         gpus = sorted({w.device for w in self.workers if w.device is not None})
-        self._socket_dir = tempfile.mkdtemp(prefix="healthbot-engines-") if cfg.engine_server and gpus else ""
         #: One engine server per GPU (``inference.engine_server``), by device index.
-        self.servers = {d: _Worker(-1, d, server_path=os.path.join(self._socket_dir, f"cuda{d}.sock"))
-                        for d in (gpus if self._socket_dir else [])}
+        self.servers: dict[int, _Worker] = {}
+        self._socket_dir = ""
+        if cfg.engine_server and gpus:
+            self._socket_dir = tempfile.mkdtemp(prefix="healthbot-engines-")  # mode 0700
+            self.servers = {d: _Worker(-1, d, server_path=os.path.join(self._socket_dir, f"cuda{d}.sock"))
+                            for d in gpus}
         self.info: dict = {}
         self.dim = 0
         self._pending: list[tuple[str, list[str], asyncio.Future]] = []

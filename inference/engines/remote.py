@@ -87,39 +87,39 @@ class RemoteEngine:
             EngineError: bad shapes; the server failed the batch, did not answer within
                 ``timeout_s``, or is unreachable (restarting).
         """
-        check_batch(input_ids, attention_mask, self.max_batch_size, self.max_seq_len)
+        request = self._request(input_ids, attention_mask)
         if self._sock is None:
             self._connect()
         try:
-            send_frame(self._sock, ("infer", np.ascontiguousarray(input_ids, dtype=np.int64),
-                                    np.ascontiguousarray(attention_mask, dtype=np.int64)))
-            kind, value = recv_frame(self._sock)
+            send_frame(self._sock, request)
+            reply = recv_frame(self._sock)
         except (OSError, ConnectionError) as exc:
             self.close()  # a late answer must not be read as the next batch's
             raise EngineError(f"engine server at {self.path}: {exc!r}") from None
-        if kind != "ok":
-            raise EngineError(str(value))
-        return value
+        return _result(reply)
 
     async def infer_async(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """:meth:`infer` on the running event loop, over this engine's own asyncio connection
         (opened at the first call, again after a failure). Same arguments, result and errors."""
-        check_batch(input_ids, attention_mask, self.max_batch_size, self.max_seq_len)
+        request = self._request(input_ids, attention_mask)
         try:
             if self._stream is None:
                 reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path), self.timeout_s)
                 self._stream = reader, writer
                 await asyncio.wait_for(read_frame(reader), self.timeout_s)  # the hello
             reader, writer = self._stream
-            writer.write(frame(("infer", np.ascontiguousarray(input_ids, dtype=np.int64),
-                                np.ascontiguousarray(attention_mask, dtype=np.int64))))
-            kind, value = await asyncio.wait_for(read_frame(reader), self.timeout_s)
+            writer.write(frame(request))
+            reply = await asyncio.wait_for(read_frame(reader), self.timeout_s)
         except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as exc:
             self._close_stream()
             raise EngineError(f"engine server at {self.path}: {exc!r}") from None
-        if kind != "ok":
-            raise EngineError(str(value))
-        return value
+        return _result(reply)
+
+    def _request(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple:
+        """The ``infer`` message for one batch; raises EngineError for bad shapes."""
+        check_batch(input_ids, attention_mask, self.max_batch_size, self.max_seq_len)
+        return ("infer", np.ascontiguousarray(input_ids, dtype=np.int64),
+                np.ascontiguousarray(attention_mask, dtype=np.int64))
 
     def _close_stream(self) -> None:
         if self._stream is not None:
@@ -132,3 +132,11 @@ class RemoteEngine:
             self._sock.close()
             self._sock = None
         self._close_stream()
+
+
+def _result(reply: tuple) -> np.ndarray:
+    """The float32[B, D] of an ``("ok", rows)`` reply; raises EngineError with the server's message otherwise."""
+    kind, value = reply
+    if kind != "ok":
+        raise EngineError(str(value))
+    return value
