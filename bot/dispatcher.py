@@ -25,8 +25,7 @@ from bot import metrics
 from bot.config import Config
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
-from bot.intents import (abuse_reply, aftercare_reply, intent_reply, is_abuse, is_aftercare, is_medical_diet,
-                         medical_diet_reply, rule_intent, unsupported_reply)
+from bot.intents import abuse_reply, care_team_reply, intent_reply, is_abuse, rule_intent, unsupported_reply
 from bot.knowledge import KnowledgeBase
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
@@ -258,10 +257,10 @@ class Dispatcher:
         scope = check_scope(norm.text, lang)
         if scope is not None:
             return out(scope.reply, Intent.REFER_DOCTOR), {"rule": scope.reason, **notes}
-        if is_aftercare(norm):
-            return out(aftercare_reply(lang), Intent.NO_ANSWER, handoff=True), {"rule": "aftercare", **notes}
-        if is_medical_diet(norm):
-            return out(medical_diet_reply(lang), Intent.NO_ANSWER, handoff=True), {"rule": "medical_diet", **notes}
+        referral = care_team_reply(norm, lang)
+        if referral is not None:
+            rule, text = referral
+            return out(text, Intent.NO_ANSWER, handoff=True), {"rule": rule, **notes}
         session = await self.sessions.get(inbound.channel, inbound.user_id)
         context = None
         if session.last_topic and is_follow_up(norm.text):

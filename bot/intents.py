@@ -19,12 +19,13 @@ Rules are data (:data:`GREETING_TOKENS`, :data:`HANDOFF_PATTERNS`,
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from bot.types import Intent
 from safety.normalize import Normalized
 
-__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "aftercare_reply", "is_aftercare", "medical_diet_reply",
-           "is_medical_diet", "MEDICAL_DIET_CONDITIONS", "MEDICAL_DIET_REPLY", "GREETING_TOKENS",
+__all__ = ["rule_intent", "intent_reply", "unsupported_reply", "care_team_reply", "is_aftercare", "is_medical_diet",
+           "CARE_TEAM_RULES", "MEDICAL_DIET_CONDITIONS", "MEDICAL_DIET_REPLY", "GREETING_TOKENS",
            "HANDOFF_PATTERNS", "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
 
 # A message is a greeting when it is made only of these tokens (and punctuation/spaces).
@@ -157,11 +158,6 @@ AFTERCARE_REPLY: dict[str, str] = {
 }
 
 
-def aftercare_reply(lang: str) -> str:
-    """:data:`AFTERCARE_REPLY` in ``lang`` (``"zh"``, else English, as :func:`intent_reply`)."""
-    return AFTERCARE_REPLY["zh" if lang == "zh" else "en"]
-
-
 # Eating with a condition whose diet the treating team sets (kidney disease, liver cirrhosis,
 # Parkinson's): how much protein, potassium, salt or fluid is right depends on the stage, the
 # blood tests and the medicines, and the general diet topics can be wrong there (the older
@@ -194,11 +190,6 @@ MEDICAL_DIET_REPLY: dict[str, str] = {
 }
 
 
-def medical_diet_reply(lang: str) -> str:
-    """:data:`MEDICAL_DIET_REPLY` in ``lang`` (``"zh"``, else English, as :func:`intent_reply`)."""
-    return MEDICAL_DIET_REPLY["zh" if lang == "zh" else "en"]
-
-
 def is_medical_diet(norm: Normalized) -> bool:
     """True for a question about eating with a condition whose diet the treating team sets
     (:data:`MEDICAL_DIET_CONDITIONS` and an eating word in the same language's pattern)."""
@@ -210,6 +201,24 @@ def is_aftercare(norm: Normalized) -> bool:
     treatment (:data:`AFTERCARE_PATTERNS`). Checked after triage and the scope rules, so an
     emergency or a medicine question keeps its own reply."""
     return any(p.search(norm.text) for p in _AFTERCARE_RE)
+
+
+#: Everyday questions that the person's treating team must answer, not the knowledge base:
+#: (rule name, matcher, reply per language), checked in order.
+CARE_TEAM_RULES: tuple[tuple[str, Callable[[Normalized], bool], dict[str, str]], ...] = (
+    ("aftercare", is_aftercare, AFTERCARE_REPLY),
+    ("medical_diet", is_medical_diet, MEDICAL_DIET_REPLY),
+)
+
+
+def care_team_reply(norm: Normalized, lang: str) -> tuple[str, str] | None:
+    """``(rule name, reply in lang)`` of the first :data:`CARE_TEAM_RULES` entry that matches
+    (``"zh"``, else English, as :func:`intent_reply`), or None. Checked after triage and the
+    scope rules, so an emergency or a medicine question keeps its own reply."""
+    for rule, matches, replies in CARE_TEAM_RULES:
+        if matches(norm):
+            return rule, replies["zh" if lang == "zh" else "en"]
+    return None
 
 
 def _is_greeting(text: str) -> bool:
