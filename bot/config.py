@@ -143,8 +143,8 @@ class InferenceConfig:
     this process; N ≥ 1 starts N worker processes per device (per GPU of
     ``devices``; on the CPU, N in all), each with its own tokenizer, batcher and
     engines (``workers`` per process), and routes texts to them
-    (inference/process_pool.py). One Python process feeds one H200 at about
-    30k encodes/s; a process per GPU scales with the GPUs (docs/benchmarks.md).
+    (inference/process_pool.py). One Python process fed one H200 at 20-27k
+    encodes/s; a process per GPU scales with the GPUs (docs/benchmarks.md).
 
     ``engine_server`` (default on): with ``device_processes`` ≥ 1 on GPUs, one
     engine server process per GPU owns the GPU engines (``workers`` of them, each
@@ -162,7 +162,9 @@ class InferenceConfig:
     (``sys.setswitchinterval``) set when the encoder starts; 0 keeps Python's 5 ms.
     A pool worker or the tokenizer thread coming back from GPU or Rust work may
     wait up to this long for the GIL while the event loop is busy; on the H200
-    0.1, 0.5 and 5 ms measured the same (docs/benchmarks.md), hence the default.
+    0.1, 0.5 and 5 ms measured the same for the in-process pool (docs/benchmarks.md),
+    hence the default; the worker-process and engine-server figures were measured
+    with 0.5 ms only.
     """
 
     engines_dir: str = "engines"
