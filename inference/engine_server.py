@@ -48,6 +48,7 @@ output (attention ignores them as keys, mean pooling skips them).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import os
@@ -125,11 +126,16 @@ class EngineServer:
     """The server loop over one or more loaded engines of one GPU (module doc).
 
     This thread accepts connections, reads batches, forms merged batches and
-    answers the callers; each engine runs on its own thread (its own CUDA stream /
-    execution context). A merged batch is handed to an engine as soon as one is
-    idle (batches that arrive meanwhile wait together for the next idle engine),
-    before the last batch's callers are answered, so the GPU does not wait for
-    the replies to be sent.
+    answers the callers. Each engine has a launch thread (merges the batches and
+    starts them: :meth:`TorchCudaEngine.launch` queues the batch on the engine's
+    stream and returns) and a finish thread (waits for each launched batch in
+    order and hands its rows back here). A merged batch is handed to an engine as
+    soon as it has fewer than ``launch_slots`` batches unfinished (2 for
+    torch_cuda: the next batch waits on the GPU behind the running one, so the GPU
+    does not wait for this process's Python in between; 1 for an engine without
+    ``launch``, which runs each batch to the end); batches that arrive meanwhile
+    wait together for the next free slot, and the last batch's callers are
+    answered after the next batch is on its way.
 
     Attributes:
         batches: merged batches run; ``rows``: rows run; ``requests``: worker batches served.
@@ -145,17 +151,21 @@ class EngineServer:
         self.info = info
         self.batches = self.rows = self.requests = 0
         self._stats_lock = threading.Lock()
-        self._idle: list[int] = list(range(len(self.engines)))  # touched by this thread only
-        self._running_since: list[float | None] = [None] * len(self.engines)  # per engine, time.monotonic()
+        #: Merged batches each engine may have unfinished (touched by this thread only: _in_flight).
+        self._slots = [int(getattr(e, "launch_slots", 1)) if hasattr(e, "launch") else 1 for e in self.engines]
+        self._in_flight = [0] * len(self.engines)
+        #: Per engine, time.monotonic() of each unfinished batch's launch, oldest first.
+        self._launched_at: list[collections.deque[float]] = [collections.deque() for _ in self.engines]
         self._done: queue.SimpleQueue[tuple[int, list, list]] = queue.SimpleQueue()
-        self._jobs = [queue.SimpleQueue() for _ in self.engines]
+        self._jobs: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in self.engines]
+        self._launched: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in self.engines]
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel = selectors.DefaultSelector()
         self._sel.register(listener, selectors.EVENT_READ, "listen")
         self._sel.register(control, selectors.EVENT_READ, "control")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._threads = [threading.Thread(target=self._engine_loop, args=(i,), name=f"engine-{i}", daemon=True)
-                         for i in range(len(self.engines))]
+        self._threads = [threading.Thread(target=loop, args=(i,), name=f"engine-{i}-{loop.__name__[1:-5]}", daemon=True)
+                         for i in range(len(self.engines)) for loop in (self._launch_loop, self._finish_loop)]
 
     def serve(self) -> None:
         """Serve until ``close`` or end of file on the control socket; then let the engine
@@ -172,10 +182,16 @@ class EngineServer:
             self._wake_r.close()
             self._wake_w.close()
 
+    def _free_engine(self) -> int | None:
+        """The engine with a free launch slot and the fewest batches unfinished, or None."""
+        free = [i for i, n in enumerate(self._in_flight) if n < self._slots[i]]
+        return min(free, key=self._in_flight.__getitem__) if free else None
+
     def _loop(self) -> None:
         pending: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []
         while True:
-            for key, _ in self._sel.select(timeout=0 if pending and self._idle else None):
+            can_run = pending and self._free_engine() is not None
+            for key, _ in self._sel.select(timeout=0 if can_run else None):
                 if key.data == "listen":
                     self._accept()
                 elif key.data == "control":
@@ -194,12 +210,13 @@ class EngineServer:
             finished = []
             while not self._done.empty():
                 index, items, replies = self._done.get()
-                self._idle.append(index)
+                self._in_flight[index] -= 1
                 finished.append((items, replies))
-            if pending and self._idle:
+            if pending:
                 groups = merge_plan([ids.shape for _, ids, _ in pending], self.max_rows, self.max_tokens)
-                while groups and self._idle:
-                    self._jobs[self._idle.pop()].put([pending[i] for i in groups.pop(0)])
+                while groups and (index := self._free_engine()) is not None:
+                    self._in_flight[index] += 1
+                    self._jobs[index].put([pending[i] for i in groups.pop(0)])
                 pending = [pending[i] for g in groups for i in g]
             for items, replies in finished:  # after the next batch is on its way to the GPU
                 self._answer(items, replies)
@@ -227,29 +244,51 @@ class EngineServer:
             return False
         if msg[0] == "call":
             now = time.monotonic()
+            oldest = [q[0] for q in self._launched_at if q]
             with self._stats_lock:
                 stats = {"batches": self.batches, "rows": self.rows, "requests": self.requests,
-                         "running_s": max((now - t for t in self._running_since if t is not None), default=0.0)}
+                         "running_s": max((now - t for t in oldest), default=0.0)}
             send_frame(self.control, ("result", msg[1], stats if msg[2] == "stats"
                                       else {"error": f"unknown call {msg[2]!r}"}))
         return True
 
-    def _engine_loop(self, index: int) -> None:
-        engine, jobs = self.engines[index], self._jobs[index]
-        while (items := jobs.get()) is not None:
-            self._running_since[index] = time.monotonic()
-            replies = self._run(engine, items)
-            self._running_since[index] = None
+    def _launch_loop(self, index: int) -> None:
+        """Engine ``index``'s launch thread: merge each job's batches and start them."""
+        engine = self.engines[index]
+        while (items := self._jobs[index].get()) is not None:
+            self._launched_at[index].append(time.monotonic())
+            try:
+                ids, mask = merge([(i, m) for _, i, m in items])
+                if hasattr(engine, "launch"):
+                    finish: Callable[[], np.ndarray] | Exception = engine.launch(ids, mask)
+                else:
+                    out = engine.infer(ids, mask)
+                    finish = lambda out=out: out  # noqa: E731
+            except Exception as exc:  # noqa: BLE001 - every failure goes back to the callers
+                finish = exc
+            self._launched[index].put((items, finish))
+        self._launched[index].put(None)
+
+    def _finish_loop(self, index: int) -> None:
+        """Engine ``index``'s finish thread: wait for each launched batch, in launch order,
+        and hand its replies to the server loop."""
+        while (job := self._launched[index].get()) is not None:
+            items, finish = job
+            replies = self._replies(items, finish)
+            self._launched_at[index].popleft()
             self._done.put((index, items, replies))
             self._wake_w.send(b"w")
 
-    def _run(self, engine: Engine, items: list[tuple[socket.socket, np.ndarray, np.ndarray]]) -> list[tuple]:
-        """Run one merged batch on ``engine`` (its thread); the reply to each caller."""
+    def _replies(self, items: list[tuple[socket.socket, np.ndarray, np.ndarray]],
+                 finish: Callable[[], np.ndarray] | Exception) -> list[tuple]:
+        """The reply to each caller of one merged batch (its rows, or the error)."""
+        rows = sum(i.shape[0] for _, i, _ in items)
         try:
-            ids, mask = merge([(i, m) for _, i, m in items])
-            out = engine.infer(ids, mask)
+            if isinstance(finish, Exception):
+                raise finish
+            out = finish()
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the callers
-            log.error("engine_server_batch_failed", rows=sum(i.shape[0] for _, i, _ in items), error=str(exc))
+            log.error("engine_server_batch_failed", rows=rows, error=str(exc))
             with self._stats_lock:
                 self.requests += len(items)
             return [("err", f"{self.info['name']} in the engine server: {exc}")] * len(items)
@@ -261,7 +300,7 @@ class EngineServer:
         with self._stats_lock:
             self.requests += len(items)
             self.batches += 1
-            self.rows += ids.shape[0]
+            self.rows += rows
         return replies
 
     def _answer(self, items: list[tuple[socket.socket, np.ndarray, np.ndarray]], replies: list[tuple]) -> None:

@@ -72,6 +72,10 @@ log = structlog.get_logger("healthbot.inference.process_pool")
 
 #: Texts per message at most: a flush with more pending spreads them over workers.
 MAX_TEXTS_PER_MESSAGE = 128
+#: Texts per message at least when more are pending: a flush is not cut into a message
+#: per worker smaller than this (each message costs every process it passes a fixed
+#: amount of Python; on the H200 host's vCPUs ~100 us per text with 6 workers' batches of 5).
+MIN_TEXTS_PER_MESSAGE = 16
 #: Messages a worker embeds with one ``encode`` call at most (≤ 4 × 128 texts, so a
 #: group stays well inside ``inference.max_queue_size``'s default 1024 windows).
 MAX_MESSAGES_PER_ENCODE = 4
@@ -329,7 +333,7 @@ class ProcessPoolEncoder:
         live = max(1, len(self.alive))
         for prefix, items in by_prefix.items():
             total = sum(len(texts) for texts, _ in items)
-            per = min(MAX_TEXTS_PER_MESSAGE, -(-total // live))
+            per = min(MAX_TEXTS_PER_MESSAGE, max(MIN_TEXTS_PER_MESSAGE, -(-total // live)))
             msg = _Message(prefix, [], [])
             for texts, fut in items:
                 if msg.texts and len(msg.texts) + len(texts) > per:

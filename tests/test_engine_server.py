@@ -180,6 +180,100 @@ def test_with_two_engines_a_batch_does_not_wait_for_the_one_still_running(tmp_pa
         running.stop()
 
 
+class _Launching:
+    """Wraps an engine with ``launch`` like torch_cuda's: the launch computes at once, but
+    while ``hold`` is set each batch's ``finish`` waits until the test opens its gate; a
+    batch holding token id 666 fails in ``finish`` (a GPU fault while it ran)."""
+
+    launch_slots = 2
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.name, self.dim = engine.name, engine.dim
+        self.max_batch_size, self.max_seq_len = engine.max_batch_size, engine.max_seq_len
+        self.launched_rows: list[int] = []
+        self.gates: list[threading.Event] = []
+        self.unfinished = self.most_unfinished = 0
+        self.hold = True
+        self._lock = threading.Lock()
+
+    def launch(self, ids, mask):
+        out = self.engine.infer(ids, mask)
+        gate = threading.Event()
+        if not self.hold:
+            gate.set()
+        with self._lock:
+            self.launched_rows.append(ids.shape[0])
+            self.gates.append(gate)
+            self.unfinished += 1
+            self.most_unfinished = max(self.most_unfinished, self.unfinished)
+
+        def finish():
+            gate.wait(10)
+            with self._lock:
+                self.unfinished -= 1
+            if (ids == 666).any():
+                raise EngineError("device lost")
+            return out
+
+        return finish
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _wait_for(cond, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@needs_model
+def test_the_next_batch_is_launched_behind_the_running_one_and_no_third(tmp_path, tokenizer):
+    engine = _Launching(GpuEngineDouble(ENGINES_DIR))
+    running = _Running(tmp_path, engine)
+    try:
+        parts = [QUESTIONS[0:2], QUESTIONS[2:3], QUESTIONS[3:6], QUESTIONS[6:8]]
+        batches = [pad_batch([w for ws in tokenizer.encode_batch(p, "query: ") for w in ws], tokenizer.pad_id)
+                   for p in parts]
+        want = [engine.engine.infer(ids, mask) for ids, mask in batches]
+        clients = [RemoteEngine(running.path, "torch_cuda", timeout_s=10) for _ in parts]
+        got: dict[int, np.ndarray] = {}
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, clients[i].infer(*batches[i])))
+                   for i in range(4)]
+        threads[0].start()
+        _wait_for(lambda: len(engine.launched_rows) == 1)
+        threads[1].start()  # launched while the first is unfinished
+        _wait_for(lambda: len(engine.launched_rows) == 2)
+        threads[2].start()
+        threads[3].start()
+        time.sleep(0.3)  # two are unfinished: these two wait, together
+        assert engine.launched_rows == [2, 1] and not got
+        engine.gates[0].set()
+        _wait_for(lambda: len(engine.launched_rows) == 3)
+        assert engine.launched_rows == [2, 1, 5]  # the two that waited, as one batch
+        engine.gates[1].set()
+        engine.gates[2].set()
+        for t in threads:
+            t.join(10)
+        for i in range(4):
+            np.testing.assert_allclose(got[i], want[i], atol=1e-5)
+        assert engine.most_unfinished == 2
+        assert (running.server.batches, running.server.requests) == (3, 4)
+
+        # A batch whose GPU work fails after its launch: its caller gets EngineError, the next one runs.
+        engine.hold = False
+        with pytest.raises(EngineError, match="device lost"):
+            clients[0].infer(np.array([[0, 666, 2]]), np.array([[1, 1, 1]]))
+        assert clients[0].infer(*batches[1]).shape == (1, 384)
+    finally:
+        engine.hold = False
+        for gate in engine.gates:
+            gate.set()
+        running.stop()
+
+
 @needs_model
 def test_a_failed_batch_is_an_engine_error_for_its_caller_and_the_connection_stays_usable(tmp_path):
     running = _Running(tmp_path, _SlowFirst(GpuEngineDouble(ENGINES_DIR)))
@@ -239,7 +333,8 @@ async def _reference(texts: list[str]) -> np.ndarray:
 
 @needs_model
 async def test_worker_processes_run_their_batches_in_the_engine_server_and_survive_its_death(one_fake_gpu):
-    texts = QUESTIONS + ["长" * 700]
+    # Enough texts at once that a flush is split over both workers (messages of >= MIN_TEXTS_PER_MESSAGE).
+    texts = QUESTIONS * 4 + ["长" * 700]
     ref = await _reference(texts)
     enc = await ProcessPoolEncoder.create(server_cfg(), ENGINES_DIR, server_loader="worker_doubles:gpu_engine_double")
     try:

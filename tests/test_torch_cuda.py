@@ -294,3 +294,26 @@ def test_gpu_engine_made_on_one_thread_runs_on_another(tiny):
     assert "err" not in out, out.get("err")
     assert cosine_rows(out["y"], eng.infer(ids, mask)).min() >= 0.99999
     eng.close()
+
+
+@cuda
+def test_two_launched_batches_run_in_order_finish_on_another_thread_and_a_third_is_refused(tiny):
+    bert, path = tiny
+    eng = tc.TorchCudaEngine(bert, device=0, graph_max_tokens=4096)
+    rng = np.random.default_rng(5)
+    first, second = batch(rng, 17, 40), batch(rng, 3, 16)  # two graph shapes
+    same = batch(rng, 17, 40)  # the first's graph again, while the first is unfinished
+    want = [eng.infer(*b) for b in (first, second, same)]
+    finish_1, finish_2 = eng.launch(*first), eng.launch(*second)
+    with pytest.raises(EngineError, match="more than 2 batches launched"):
+        eng.launch(*same)
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("first", finish_1()))
+    t.start()
+    t.join()
+    finish_3 = eng.launch(*same)  # the first's slot is free again; it queues behind the second
+    got = [out["first"], finish_2(), finish_3()]
+    for g, w, b in zip(got, want, (first, second, same)):
+        assert g.shape == (b[0].shape[0], 384) and cosine_rows(g, w).min() >= 0.99999
+    assert cosine_rows(got[2], ort_pooled(path, *same)).min() >= 0.999
+    eng.close()

@@ -103,13 +103,13 @@ class RemoteEngine:
         (opened at the first call, again after a failure). Same arguments, result and errors."""
         request = self._request(input_ids, attention_mask)
         try:
-            if self._stream is None:
-                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path), self.timeout_s)
-                self._stream = reader, writer
-                await asyncio.wait_for(read_frame(reader), self.timeout_s)  # the hello
-            reader, writer = self._stream
-            writer.write(frame(request))
-            reply = await asyncio.wait_for(read_frame(reader), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # no task per call, unlike wait_for
+                if self._stream is None:
+                    self._stream = await asyncio.open_unix_connection(self.path)
+                    await read_frame(self._stream[0])  # the hello
+                reader, writer = self._stream
+                writer.write(frame(request))
+                reply = await read_frame(reader)
         except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as exc:
             self._close_stream()
             raise EngineError(f"engine server at {self.path}: {exc!r}") from None

@@ -28,8 +28,10 @@ Design (PyTorch docs "CUDA semantics / CUDA Graphs"; CUDA Programming Guide,
   the batch on an H200, issue 6), replayed as one graph it costs about a tenth.
   Each batch is padded up to its bucket (batch buckets
   :data:`DEFAULT_BATCH_BUCKETS`, sequence buckets = the batcher's), copied
-  through a pinned host buffer into the graph's static input, replayed on the
-  engine's own stream, and the pooled rows are copied back. Graphs exist for
+  through a pinned host staging slot into the graph's static input, replayed on
+  the engine's own stream, and the pooled rows are copied back; with
+  :data:`LAUNCH_SLOTS` slots a second batch can be launched behind the running
+  one (:meth:`TorchCudaEngine.launch`). Graphs exist for
   buckets with B x T <= ``graph_max_tokens`` (captured at load, so no request
   pays for a capture); larger batches are compute-bound and run eagerly at their
   exact shape. All graphs of one engine share one memory pool (they never run
@@ -41,7 +43,7 @@ Design (PyTorch docs "CUDA semantics / CUDA Graphs"; CUDA Programming Guide,
   the creating thread and the first time any other thread calls :meth:`infer`
   (the current device is per host thread); graphs are captured with
   ``capture_error_mode="thread_local"`` so other workers' CUDA calls do not
-  break a capture.
+  break a capture. A launched batch may be finished (waited for) on another thread.
 
 ``device="cpu"`` runs the same code path eagerly in FP32 (for tests).
 """
@@ -258,15 +260,27 @@ def _device_model(bert_or_loader, key: Hashable | None, device, dtype):
 
 
 # --------------------------------------------------------------------------- engine
+#: Batches one engine may have launched and not yet finished (:meth:`TorchCudaEngine.launch`):
+#: two, so the next batch waits on the GPU's stream while the last one runs (the engine
+#: server keeps its GPU busy through its own per-batch Python; docs/benchmarks.md, sixth session).
+LAUNCH_SLOTS = 2
+
+
 @dataclass
 class _Graph:
     graph: Any
     dev_in: Any  # int64[2, B, T] on device: ids, mask
     dev_out: Any  # float32[B, D] on device
-    host_in: Any  # pinned int64[2, B, T]
-    host_out: Any  # pinned float32[B, D]
-    host_in_np: np.ndarray
-    host_out_np: np.ndarray
+
+
+@dataclass(eq=False)
+class _Slot:
+    """Pinned host staging of one launched batch: inputs in, pooled rows out, and the
+    event recorded after the copy back (graphs of every shape use a prefix of it)."""
+
+    host_in: Any  # pinned int64[2 * graph_max_tokens]
+    host_out: Any  # pinned float32[max_batch_size * D]
+    done: Any  # torch.cuda.Event
 
 
 class TorchCudaEngine:
@@ -297,6 +311,7 @@ class TorchCudaEngine:
             (weights if not shared, graphs' pool, buffers), from
             ``torch.cuda.memory_reserved``. load_seconds: load + capture time.
         graph_runs / eager_runs: calls served each way.
+        launch_slots: batches :meth:`launch` may have unfinished (:data:`LAUNCH_SLOTS`).
 
     Raises:
         EngineError: PyTorch or CUDA unavailable, the weights cannot be loaded,
@@ -333,6 +348,7 @@ class TorchCudaEngine:
         self.cuda_graphs = bool(cuda_graphs) and self.on_cuda
         self.graph_runs = 0
         self.eager_runs = 0
+        self.launch_slots = LAUNCH_SLOTS
         self._threads_ready: set[int] = set()
         self._make_current()
         mem0 = torch.cuda.memory_reserved(self.device) if self.on_cuda else 0
@@ -346,6 +362,10 @@ class TorchCudaEngine:
         self.max_seq_len = min(self._model.max_positions, self.seq_buckets[-1])
         self._stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        self._slots_lock = threading.Lock()
+        self._free_slots = [_Slot(torch.empty(2 * self.graph_max_tokens, dtype=torch.int64, pin_memory=True),
+                                  torch.empty(self.max_batch_size * self.dim, dtype=torch.float32, pin_memory=True),
+                                  torch.cuda.Event()) for _ in range(LAUNCH_SLOTS)] if self.cuda_graphs else []
         self.graph_shapes = graph_plan(self.batch_buckets, self.seq_buckets, self.graph_max_tokens,
                                        self.max_seq_len) if self.cuda_graphs else []
         if warmup and self.cuda_graphs:
@@ -413,27 +433,53 @@ class TorchCudaEngine:
         with torch.inference_mode():
             with torch.cuda.graph(graph, pool=self._pool, stream=s, capture_error_mode="thread_local"):
                 dev_out = self._forward(dev_in[0], dev_in[1])
-        host_in = torch.empty((2, b, t), dtype=torch.int64, pin_memory=True)
-        host_out = torch.empty((b, self.dim), dtype=torch.float32, pin_memory=True)
-        g = _Graph(graph, dev_in, dev_out, host_in, host_out, host_in.numpy(), host_out.numpy())
+        g = _Graph(graph, dev_in, dev_out)
         self._graphs[(b, t)] = g
         return g
 
-    def _run_graph(self, g: _Graph, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _take_slot(self) -> _Slot:
+        with self._slots_lock:
+            if not self._free_slots:
+                raise EngineError(f"torch_cuda: more than {LAUNCH_SLOTS} batches launched and not finished")
+            return self._free_slots.pop()
+
+    def _release_slot(self, slot: _Slot) -> None:
+        with self._slots_lock:
+            self._free_slots.append(slot)
+
+    def _launch_graph(self, g: _Graph, ids: np.ndarray, mask: np.ndarray) -> Callable[[], np.ndarray]:
         torch = self._torch
         batch, seq = ids.shape
-        hin = g.host_in_np
-        hin[0].fill(self.pad_id)
-        hin[1].fill(0)
-        hin[0, :batch, :seq] = ids
-        hin[1, :batch, :seq] = mask
-        with torch.cuda.stream(self._stream):
-            g.dev_in.copy_(g.host_in, non_blocking=True)
-            g.graph.replay()
-            g.host_out.copy_(g.dev_out, non_blocking=True)
-        self._stream.synchronize()
+        b, t = g.dev_in.shape[1:]
+        slot = self._take_slot()
+        try:
+            host_in = slot.host_in[:2 * b * t].view(2, b, t)
+            host_out = slot.host_out[:b * self.dim].view(b, self.dim)
+            hin = host_in.numpy()
+            hin[0].fill(self.pad_id)
+            hin[1].fill(0)
+            hin[0, :batch, :seq] = ids
+            hin[1, :batch, :seq] = mask
+            with torch.cuda.stream(self._stream):
+                g.dev_in.copy_(host_in, non_blocking=True)
+                g.graph.replay()
+                host_out.copy_(g.dev_out, non_blocking=True)
+                slot.done.record(self._stream)
+        except BaseException:
+            self._release_slot(slot)
+            raise
         self.graph_runs += 1
-        return g.host_out_np[:batch].copy()
+
+        def finish() -> np.ndarray:
+            try:
+                slot.done.synchronize()
+                return host_out.numpy()[:batch].copy()
+            except Exception as exc:  # noqa: BLE001 - a fault of the GPU while the batch ran
+                raise EngineError(f"torch_cuda failed on a [{batch}, {seq}] batch: {exc}") from exc
+            finally:
+                self._release_slot(slot)
+
+        return finish
 
     def _run_eager(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         torch = self._torch
@@ -450,7 +496,8 @@ class TorchCudaEngine:
 
     # ------------------------------------------------------------------ protocol
     def infer(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """Run one padded batch (see :meth:`inference.engines.base.Engine.infer`).
+        """Run one padded batch (see :meth:`inference.engines.base.Engine.infer`):
+        :meth:`launch`, then wait for it.
 
         Args:
             input_ids: int64[B, T], 1 <= B <= ``max_batch_size``, 1 <= T <= 512.
@@ -461,6 +508,32 @@ class TorchCudaEngine:
 
         Raises:
             EngineError: bad shapes, or the GPU failed (out of memory, device lost).
+        """
+        return self.launch(input_ids, attention_mask)()
+
+    def launch(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Callable[[], np.ndarray]:
+        """Start one padded batch on this engine's stream and return without waiting:
+        the inputs are copied to a pinned staging slot, the copy to the GPU, the graph
+        replay and the copy back are queued, and an event is recorded after them.
+        Batches launched one after another run in launch order, each behind the last,
+        so the GPU goes from one to the next without waiting for the host. Batches
+        without a graph (eager) run to the end here.
+
+        Up to :data:`LAUNCH_SLOTS` batches may be launched and not finished, and the
+        returned ``finish`` may be called on another thread than this one (the engine
+        server launches on one thread and finishes on another).
+
+        Args:
+            input_ids / attention_mask: as :meth:`infer`.
+
+        Returns:
+            ``finish()``: waits for the batch (blocking, GIL released) and returns its
+            float32[B, D]; call it exactly once (it frees the staging slot).
+
+        Raises:
+            EngineError: bad shapes, the GPU failed, or :data:`LAUNCH_SLOTS` batches are
+                launched and not finished; ``finish`` raises EngineError when the GPU
+                failed while the batch ran.
         """
         if self._closed:
             raise EngineError("torch_cuda engine is closed")
@@ -473,8 +546,9 @@ class TorchCudaEngine:
                 if g is None and key[0] * key[1] <= self.graph_max_tokens:
                     g = self._capture(*key)  # only when warmup=False
                 if g is not None:
-                    return self._run_graph(g, input_ids, attention_mask)
-            return self._run_eager(input_ids, attention_mask)
+                    return self._launch_graph(g, input_ids, attention_mask)
+            out = self._run_eager(input_ids, attention_mask)
+            return lambda: out
         except EngineError:
             raise
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError / OutOfMemoryError
@@ -491,5 +565,6 @@ class TorchCudaEngine:
         except Exception as exc:  # noqa: BLE001
             log.warning("torch_cuda_close_sync_failed", error=str(exc))
         self._graphs.clear()
+        self._free_slots = []
         self._model = None
         self._pool = None
