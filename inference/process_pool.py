@@ -73,9 +73,11 @@ log = structlog.get_logger("healthbot.inference.process_pool")
 #: Texts per message at most: a flush with more pending spreads them over workers.
 MAX_TEXTS_PER_MESSAGE = 128
 #: Texts per message at least when more are pending: a flush is not cut into a message
-#: per worker smaller than this (each message costs every process it passes a fixed
-#: amount of Python; on the H200 host's vCPUs ~100 us per text with 6 workers' batches of 5).
-MIN_TEXTS_PER_MESSAGE = 16
+#: per worker smaller than this. Each message costs every process it passes a fixed
+#: amount of Python: on the H200 host, 6 workers' messages of ~5 texts cost the workers
+#: 127 us of CPU per text; at least 32 per message, 56 us, and c = 256 went from
+#: 45.0k to 53.6k encodes/s (docs/benchmarks.md, sixth session).
+MIN_TEXTS_PER_MESSAGE = 32
 #: Messages a worker embeds with one ``encode`` call at most (≤ 4 × 128 texts, so a
 #: group stays well inside ``inference.max_queue_size``'s default 1024 windows).
 MAX_MESSAGES_PER_ENCODE = 4

@@ -314,6 +314,6 @@ def test_two_launched_batches_run_in_order_finish_on_another_thread_and_a_third_
     finish_3 = eng.launch(*same)  # the first's slot is free again; it queues behind the second
     got = [out["first"], finish_2(), finish_3()]
     for g, w, b in zip(got, want, (first, second, same)):
-        assert g.shape == (b[0].shape[0], 384) and cosine_rows(g, w).min() >= 0.99999
+        assert g.shape == (b[0].shape[0], eng.dim) and cosine_rows(g, w).min() >= 0.99999
     assert cosine_rows(got[2], ort_pooled(path, *same)).min() >= 0.999
     eng.close()

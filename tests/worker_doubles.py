@@ -59,11 +59,13 @@ async def no_engine(cfg, engines_dir):
 
 class GpuEngineDouble:
     """The real ONNX model on the CPU under the name of a GPU engine (``torch_cuda``), for the
-    engine server in tests/test_engine_server.py; ``infer`` records each batch's rows, and
-    hangs while the file named by ``GPU_DOUBLE_HANG_FILE`` exists."""
+    engine server in tests/test_engine_server.py: ``infer`` and torch_cuda's ``launch`` /
+    ``finish`` pair (computed at launch); each batch's rows are recorded, and a batch hangs
+    (``finish``, like a stuck GPU) while the file named by ``GPU_DOUBLE_HANG_FILE`` exists."""
 
     name = "torch_cuda"
     gpu_memory_bytes = 123 * 2**20
+    launch_slots = 2
 
     def __init__(self, engines_dir, max_batch_size: int = 256) -> None:
         from pathlib import Path
@@ -77,11 +79,19 @@ class GpuEngineDouble:
         self.batch_rows: list[int] = []
 
     def infer(self, input_ids, attention_mask):
-        hang = os.environ.get("GPU_DOUBLE_HANG_FILE")
-        if hang and os.path.exists(hang):  # a stuck GPU call
-            time.sleep(3600)
+        return self.launch(input_ids, attention_mask)()
+
+    def launch(self, input_ids, attention_mask):
         self.batch_rows.append(input_ids.shape[0])
-        return self._ort.infer(input_ids, attention_mask)
+        out = self._ort.infer(input_ids, attention_mask)
+
+        def finish():
+            hang = os.environ.get("GPU_DOUBLE_HANG_FILE")
+            if hang and os.path.exists(hang):  # a stuck GPU call
+                time.sleep(3600)
+            return out
+
+        return finish
 
     def close(self) -> None:
         self._ort.close()

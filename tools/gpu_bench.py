@@ -731,6 +731,13 @@ CLI_PLANS["server"] = [  # one engine server on GPU 0 (WORKERS engines), worker 
     ("noserver-2proc-w1", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
      ["--concurrency", "256", "--batched-only"]),
 ]
+CLI_PLANS["launch-check"] = [  # sixth session: launch behind the running batch, messages of >= 32 texts
+    ("launch-server-6proc", {**_S, _I + "DEVICE_PROCESSES": "6", _I + "WORKERS": "1"}, ["--concurrency", "1,32,256"]),
+    ("launch-server-4proc", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "1"},
+     ["--concurrency", "256", "--batched-only"]),
+    ("launch-noserver-2proc", {_I + "DEVICES": "0", _I + "DEVICE_PROCESSES": "2", _I + "WORKERS": "1"},
+     ["--concurrency", "256", "--batched-only"]),
+]
 #: ENGINE_SERVER false: the plans before the engine server measured each worker process with its own engine.
 CLI_COMMON = {_I + "MAX_QUEUE_DELAY_MS": "0", _I + "MAX_QUEUE_SIZE": "8192", _I + "SWITCH_INTERVAL_MS": "0.5",
               _I + "ENGINE_SERVER": "false"}
