@@ -122,33 +122,20 @@ def merge(batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     return ids_out, mask_out
 
 
-#: Host time (s) from a launch thread taking a merged batch to its kernels being queued
-#: on the GPU (merge, pinned copy, launch calls; ~0.1-0.3 ms on the H200 host's vCPUs).
-#: A batch is launched behind the running one once that one is expected to end within
-#: this, so it holds every batch that arrived until then (docs/benchmarks.md, sixth session).
-LAUNCH_LEAD_S = 0.0003
-#: Weight of the newest batch in each engine's running mean of GPU time per batch.
-BATCH_TIME_EMA = 0.2
-
-
 class EngineServer:
-    """The server over one or more loaded engines of one GPU (module doc).
+    """The server loop over one or more loaded engines of one GPU (module doc).
 
-    Three kinds of threads, so that neither the GPU nor the sockets wait for each other:
-
-    - this thread (:meth:`serve`) reads the workers' batches into one pending list and
-      answers each caller when its batch is done;
-    - each engine's **launch thread** takes the pending batches as one merged batch
-      (:func:`merge_plan`) and starts it: :meth:`TorchCudaEngine.launch` queues it on
-      the engine's stream and returns. It launches at once when the engine is idle; while
-      a batch runs it launches the next one (``launch_slots`` = 2: it waits on the
-      GPU behind the running one) when the running one is expected to end within
-      :data:`LAUNCH_LEAD_S` (from a running mean of the engine's GPU time per batch),
-      so the GPU goes from batch to batch without waiting for this process's Python,
-      and each batch still holds everything that arrived while the last one ran. An
-      engine without ``launch`` runs each batch to the end (one at a time);
-    - each engine's **finish thread** waits for its launched batches in order and
-      hands their rows back.
+    This thread accepts connections, reads batches, forms merged batches and
+    answers the callers. Each engine has a launch thread (merges the batches and
+    starts them: :meth:`TorchCudaEngine.launch` queues the batch on the engine's
+    stream and returns) and a finish thread (waits for each launched batch in
+    order and hands its rows back here). A merged batch is handed to an engine as
+    soon as it has fewer than ``launch_slots`` batches unfinished (2 for
+    torch_cuda: the next batch waits on the GPU behind the running one, so the GPU
+    does not wait for this process's Python in between; 1 for an engine without
+    ``launch``, which runs each batch to the end); batches that arrive meanwhile
+    wait together for the next free slot, and the last batch's callers are
+    answered after the next batch is on its way.
 
     Attributes:
         batches: merged batches run; ``rows``: rows run; ``requests``: worker batches served.
@@ -163,27 +150,22 @@ class EngineServer:
         self.max_tokens = max_tokens
         self.info = info
         self.batches = self.rows = self.requests = 0
-        n = len(self.engines)
-        #: Guards what the launch and finish threads share: the pending batches and, per
-        #: engine, its unfinished batches, the time its GPU is expected to be free, its mean batch time.
-        self._cond = threading.Condition()
-        self._pending: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []
-        self._stopping = False
+        self._stats_lock = threading.Lock()
+        #: Merged batches each engine may have unfinished (touched by this thread only: _in_flight).
         self._slots = [int(getattr(e, "launch_slots", 1)) if hasattr(e, "launch") else 1 for e in self.engines]
-        self._in_flight = [0] * n
-        self._free_at = [0.0] * n  # time.monotonic()
-        self._batch_s: list[float | None] = [None] * n
+        self._in_flight = [0] * len(self.engines)
         #: Per engine, time.monotonic() of each unfinished batch's launch, oldest first.
-        self._launched_at: list[collections.deque[float]] = [collections.deque() for _ in range(n)]
-        self._done: queue.SimpleQueue[tuple[list, list]] = queue.SimpleQueue()
-        self._launched: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(n)]
+        self._launched_at: list[collections.deque[float]] = [collections.deque() for _ in self.engines]
+        self._done: queue.SimpleQueue[tuple[int, list, list]] = queue.SimpleQueue()
+        self._jobs: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in self.engines]
+        self._launched: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in self.engines]
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel = selectors.DefaultSelector()
         self._sel.register(listener, selectors.EVENT_READ, "listen")
         self._sel.register(control, selectors.EVENT_READ, "control")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._threads = [threading.Thread(target=loop, args=(i,), name=f"engine-{i}-{loop.__name__[1:-5]}", daemon=True)
-                         for i in range(n) for loop in (self._launch_loop, self._finish_loop)]
+                         for i in range(len(self.engines)) for loop in (self._launch_loop, self._finish_loop)]
 
     def serve(self) -> None:
         """Serve until ``close`` or end of file on the control socket; then let the engine
@@ -193,17 +175,23 @@ class EngineServer:
         try:
             self._loop()
         finally:
-            with self._cond:
-                self._stopping = True
-                self._cond.notify_all()
+            for jobs in self._jobs:
+                jobs.put(None)
             for t in self._threads:
                 t.join()
             self._wake_r.close()
             self._wake_w.close()
 
+    def _free_engine(self) -> int | None:
+        """The engine with a free launch slot and the fewest batches unfinished, or None."""
+        free = [i for i, n in enumerate(self._in_flight) if n < self._slots[i]]
+        return min(free, key=self._in_flight.__getitem__) if free else None
+
     def _loop(self) -> None:
+        pending: list[tuple[socket.socket, np.ndarray, np.ndarray]] = []
         while True:
-            for key, _ in self._sel.select():
+            can_run = pending and self._free_engine() is not None
+            for key, _ in self._sel.select(timeout=0 if can_run else None):
                 if key.data == "listen":
                     self._accept()
                 elif key.data == "control":
@@ -218,11 +206,20 @@ class EngineServer:
                         self._drop(key.fileobj)
                         continue
                     if msg[0] == "infer":
-                        with self._cond:
-                            self._pending.append((key.fileobj, msg[1], msg[2]))
-                            self._cond.notify_all()
+                        pending.append((key.fileobj, msg[1], msg[2]))
+            finished = []
             while not self._done.empty():
-                self._answer(*self._done.get())
+                index, items, replies = self._done.get()
+                self._in_flight[index] -= 1
+                finished.append((items, replies))
+            if pending:
+                groups = merge_plan([ids.shape for _, ids, _ in pending], self.max_rows, self.max_tokens)
+                while groups and (index := self._free_engine()) is not None:
+                    self._in_flight[index] += 1
+                    self._jobs[index].put([pending[i] for i in groups.pop(0)])
+                pending = [pending[i] for g in groups for i in g]
+            for items, replies in finished:  # after the next batch is on its way to the GPU
+                self._answer(items, replies)
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -247,42 +244,19 @@ class EngineServer:
             return False
         if msg[0] == "call":
             now = time.monotonic()
-            with self._cond:
-                oldest = [q[0] for q in self._launched_at if q]
+            oldest = [q[0] for q in self._launched_at if q]
+            with self._stats_lock:
                 stats = {"batches": self.batches, "rows": self.rows, "requests": self.requests,
                          "running_s": max((now - t for t in oldest), default=0.0)}
             send_frame(self.control, ("result", msg[1], stats if msg[2] == "stats"
                                       else {"error": f"unknown call {msg[2]!r}"}))
         return True
 
-    def _launch_wait(self, index: int, now: float) -> float | None:
-        """Seconds engine ``index`` should wait before launching the pending batches: 0 = now,
-        None = nothing to launch or no free slot (wait to be notified). Under ``_cond``."""
-        if not self._pending or self._in_flight[index] >= self._slots[index]:
-            return None
-        if self._in_flight[index] == 0 or self._batch_s[index] is None:
-            return 0.0
-        return max(0.0, self._free_at[index] - LAUNCH_LEAD_S - now)
-
     def _launch_loop(self, index: int) -> None:
-        """Engine ``index``'s launch thread: take the pending batches as one merged batch when
-        the engine can run it (:meth:`_launch_wait`) and start it."""
+        """Engine ``index``'s launch thread: merge each job's batches and start them."""
         engine = self.engines[index]
-        while True:
-            with self._cond:
-                while (wait := self._launch_wait(index, time.monotonic())) != 0.0:
-                    if self._stopping:
-                        self._launched[index].put(None)
-                        return
-                    self._cond.wait(wait)
-                groups = merge_plan([ids.shape for _, ids, _ in self._pending], self.max_rows, self.max_tokens)
-                items = [self._pending[i] for i in groups[0]]
-                self._pending = [self._pending[i] for g in groups[1:] for i in g]
-                now = time.monotonic()
-                start = max(now, self._free_at[index]) if self._in_flight[index] else now
-                self._free_at[index] = start + (self._batch_s[index] or 0.0)
-                self._in_flight[index] += 1
-                self._launched_at[index].append(now)
+        while (items := self._jobs[index].get()) is not None:
+            self._launched_at[index].append(time.monotonic())
             try:
                 ids, mask = merge([(i, m) for _, i, m in items])
                 if hasattr(engine, "launch"):
@@ -292,27 +266,17 @@ class EngineServer:
                     finish = lambda out=out: out  # noqa: E731
             except Exception as exc:  # noqa: BLE001 - every failure goes back to the callers
                 finish = exc
-            self._launched[index].put((items, finish, time.monotonic()))
+            self._launched[index].put((items, finish))
+        self._launched[index].put(None)
 
     def _finish_loop(self, index: int) -> None:
         """Engine ``index``'s finish thread: wait for each launched batch, in launch order,
-        update the engine's mean batch time, and hand the replies to the server loop."""
-        last_end = 0.0
+        and hand its replies to the server loop."""
         while (job := self._launched[index].get()) is not None:
-            items, finish, launched = job
+            items, finish = job
             replies = self._replies(items, finish)
-            end = time.monotonic()
-            took = end - max(launched, last_end)  # the GPU's time on it: it started when launched or when the last ended
-            last_end = end
-            with self._cond:
-                self._launched_at[index].popleft()
-                self._in_flight[index] -= 1
-                mean = self._batch_s[index]
-                self._batch_s[index] = took if mean is None else mean + BATCH_TIME_EMA * (took - mean)
-                if not self._in_flight[index]:
-                    self._free_at[index] = end
-                self._cond.notify_all()
-            self._done.put((items, replies))
+            self._launched_at[index].popleft()
+            self._done.put((index, items, replies))
             self._wake_w.send(b"w")
 
     def _replies(self, items: list[tuple[socket.socket, np.ndarray, np.ndarray]],
@@ -325,7 +289,7 @@ class EngineServer:
             out = finish()
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the callers
             log.error("engine_server_batch_failed", rows=rows, error=str(exc))
-            with self._cond:
+            with self._stats_lock:
                 self.requests += len(items)
             return [("err", f"{self.info['name']} in the engine server: {exc}")] * len(items)
         replies = []
@@ -333,7 +297,7 @@ class EngineServer:
         for _, i, _ in items:
             replies.append(("ok", out[row:row + i.shape[0]]))
             row += i.shape[0]
-        with self._cond:
+        with self._stats_lock:
             self.requests += len(items)
             self.batches += 1
             self.rows += rows

@@ -21,7 +21,6 @@ import pytest
 from bot.config import Config, ConfigError, InferenceConfig, load_config
 from inference.batcher import DeadlineExceeded
 from inference.encoder import Encoder
-from inference import engine_server
 from inference.engine_server import EngineServer, merge, merge_plan
 from inference.engines.base import EngineError
 from inference.engines.remote import RemoteEngine
@@ -272,55 +271,6 @@ def test_the_next_batch_is_launched_behind_the_running_one_and_no_third(tmp_path
         engine.hold = False
         for gate in engine.gates:
             gate.set()
-        running.stop()
-
-
-class _Stream:
-    """A GPU stream emulated on the host: each launched batch runs 0.3 s, behind the last one."""
-
-    launch_slots = 2
-
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        self.name, self.dim = engine.name, engine.dim
-        self.max_batch_size, self.max_seq_len = engine.max_batch_size, engine.max_seq_len
-        self.free_at = 0.0
-        self.launches: list[tuple[int, float, float]] = []  # rows, launched at, previous batch ends at
-
-    def launch(self, ids, mask):
-        now = time.monotonic()
-        out = self.engine.infer(ids, mask)
-        end = max(now, self.free_at) + 0.3
-        self.launches.append((ids.shape[0], now, self.free_at))
-        self.free_at = end
-        return lambda: (time.sleep(max(0.0, end - time.monotonic())), out)[1]
-
-    def close(self) -> None:
-        self.engine.close()
-
-
-@needs_model
-def test_while_a_batch_runs_the_next_waits_until_it_nearly_ends_and_takes_all_that_came(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_server, "LAUNCH_LEAD_S", 0.1)
-    engine = _Stream(GpuEngineDouble(ENGINES_DIR))
-    running = _Running(tmp_path, engine)
-    try:
-        clients = [RemoteEngine(running.path, "torch_cuda", timeout_s=10) for _ in range(4)]
-        one = (np.array([[0, 9, 2]]), np.array([[1, 1, 1]]))
-        clients[0].infer(*one)  # the server learns the batch time: 0.3 s
-        threads = [threading.Thread(target=clients[i].infer, args=one) for i in range(1, 4)]
-        threads[0].start()  # the GPU is idle: launched at once
-        time.sleep(0.05)
-        threads[1].start()  # arrive while it runs: launched together 0.1 s before it ends
-        time.sleep(0.05)
-        threads[2].start()
-        for t in threads:
-            t.join(10)
-        assert [rows for rows, _, _ in engine.launches] == [1, 1, 2]
-        _, launched, running_ends = engine.launches[2]
-        assert 0.03 < running_ends - launched < 0.17  # ~LAUNCH_LEAD_S before the running batch's end
-        assert (running.server.batches, running.server.requests) == (3, 4)
-    finally:
         running.stop()
 
 
