@@ -9,9 +9,12 @@ own engine, kept the GPU busy with small batches (kernels of different processes
 take turns without NVIDIA MPS). Here the worker processes keep their tokenizer,
 dynamic batcher and CPU fallback, but their GPU engine is a
 :class:`~inference.engines.remote.RemoteEngine` that sends each padded batch
-here; whatever batches arrived while the GPU was busy run as one. Measured on one
-H200 at c = 256: 42-48k encodes/s against 33-38k/s with an engine per worker
-process on the same machine instances (docs/benchmarks.md, fifth session).
+here; whatever batches arrived while the GPU was busy run as one, and the next
+merged batch is launched behind the running one (two on the GPU), so the GPU does
+not wait for this process's Python between batches. Measured on one H200 at
+c = 256 with 4 worker processes: 45.7-57.5k encodes/s against 33-36k/s with an
+engine per worker process on the same machine instances (docs/benchmarks.md,
+sixth session).
 
 The server holds ``inference.workers`` engines of the GPU (each on its own
 thread; torch_cuda instances share the weights); 1 measured best.

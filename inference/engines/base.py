@@ -35,6 +35,12 @@ class Engine(Protocol):
     One instance is used by one pool worker thread at a time; engines need not be
     thread-safe.
 
+    Optional (torch_cuda): ``launch(input_ids, attention_mask) -> finish`` starts a
+    batch without waiting and ``finish()`` returns its float32[B, D]; up to
+    ``launch_slots`` batches may be launched and unfinished, ``finish`` may run on
+    another thread. The engine server uses it to keep the next batch queued on the
+    GPU (inference/engine_server.py); an engine without it is run with :meth:`infer`.
+
     Attributes:
         name: short engine name, e.g. ``"onnxruntime"``, ``"tensorrt"``.
         dim: embedding dimension D (384 for multilingual-e5-small).
