@@ -230,8 +230,9 @@ def setup_console(app: web.Application, cfg: Config, handoff: HandoffManager) ->
     """Add the console (``/console``, ``/console/api/*``) and ``GET /api/messages`` to ``app``,
     and register the ``http`` channel's relay and notifier with ``handoff``.
 
-    With an empty ``console.token`` the console's routes answer 404 (it is off);
-    ``GET /api/messages`` works either way.
+    With an empty ``console.token`` the console's routes answer 404 (it is off), no
+    relay is registered and ``handoff.console`` stays False, so no HTTP handoff starts
+    (nobody could answer it); ``GET /api/messages`` works either way.
 
     Raises:
         ConfigError: ``console.token`` is set but shorter than :data:`MIN_TOKEN_CHARS`.
@@ -242,7 +243,10 @@ def setup_console(app: web.Application, cfg: Config, handoff: HandoffManager) ->
         raise ConfigError(f"config key 'console.token': at least {MIN_TOKEN_CHARS} characters "
                           "(e.g. openssl rand -hex 24)")
     outbox = HttpOutbox(handoff)
-    handoff.register(CHANNEL, HttpAgentRelay(outbox), outbox.notify_user)
+    # Without the console nobody can answer an HTTP handoff: no relay, so the dispatcher
+    # tells the user no person is available instead of starting one (HandoffManager.reachable).
+    handoff.console = bool(token)
+    handoff.register(CHANNEL, HttpAgentRelay(outbox) if token else None, outbox.notify_user)
     page = (STATIC_DIR / "index.html").read_bytes()
     static = {name: (STATIC_DIR / name).read_bytes() for name in _STATIC_FILES}
     stop = app[_OUTBOX_STOP] = asyncio.Event()

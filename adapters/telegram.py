@@ -175,6 +175,9 @@ TEXTS: dict[str, dict[str, str]] = {
                             "will reply in this chat. Send /stop to end."},
     "human_already": {"zh": "您已在人工客服对话中，请直接发送消息。发送 /stop 可结束。",
                       "en": "You are already talking to a person; just send your message. Send /stop to end."},
+    "human_unavailable": {"zh": "抱歉，现在没有人工客服可以接待您。健康方面的问题可以继续问我；情况紧急请直接拨打120。",
+                          "en": "Sorry, no member of our team can chat right now. You can keep asking me health "
+                                "questions; in an emergency call your local emergency number now."},
     "human_private_only": {"zh": "为保护您的隐私，请私聊我并发送 /human 转人工客服。",
                            "en": "To protect your privacy, message me privately and send /human there."},
     "stopped_handoff": {"zh": "已结束人工客服对话，并清除了本次会话记录。随时可以继续向我提问。",
@@ -1010,6 +1013,9 @@ class TelegramAdapter:
             await self._reply(message, self._text("human_private_only", uid))
             return
         already = await self.handoff.active(tc.CHANNEL, uid) is not None
+        if not already and not self.handoff.reachable(tc.CHANNEL):  # no agents' group, no console
+            await self._reply(message, self._text("human_unavailable", uid))
+            return
         await self.handoff.start(tc.CHANNEL, uid, str(message.chat.id), "user_request")
         await self._reply(message, self._text("human_already" if already else "human_started", uid))
 

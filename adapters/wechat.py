@@ -111,6 +111,7 @@ from adapters import wechat_constants as wc
 from adapters.body import BodyTooLarge, read_limited
 from adapters.wechat_api import SendOutcome, WechatApi
 from bot.config import Config, ConfigError
+from bot.handoff import HandoffManager, PlatformAgentRelay
 from bot.store import Store, open_store
 from bot.types import Inbound, Intent, MessageKind, Reply
 
@@ -593,8 +594,12 @@ class WechatAdapter:
     """
 
     def __init__(self, cfg: Config, dispatcher: DispatcherLike, store: Store | None = None,
-                 api: WechatApi | None = None):
+                 api: WechatApi | None = None, handoff: HandoffManager | None = None):
         self.cfg = cfg.wechat
+        handoff = handoff if handoff is not None else getattr(dispatcher, "handoff", None)
+        if self.cfg.token and hasattr(handoff, "register"):
+            # a handed-off chat goes to WeChat's customer-service system (transfer_customer_service)
+            handoff.register(wc.CHANNEL, PlatformAgentRelay())
         self.max_body_bytes = cfg.server.max_body_bytes
         self.dispatcher = dispatcher
         if not 0 < self.cfg.reply_budget_s < wc.REPLY_DEADLINE_S:
@@ -1105,7 +1110,8 @@ WECHAT_ADAPTER = web.AppKey("wechat_adapter", WechatAdapter)
 """Where :func:`setup_wechat` stores its :class:`WechatAdapter` in the app."""
 
 
-def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, store: Store | None = None) -> None:
+def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, store: Store | None = None,
+                 handoff: HandoffManager | None = None) -> None:
     """Add ``GET /wechat`` (URL verification) and ``POST /wechat`` (messages) to ``app``.
 
     Args:
@@ -1117,6 +1123,8 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
             (channel, message_id); called once per WeChat delivery.
         store: the shared store to use; None = open ``cfg.effective_store_url`` in
             the app's cleanup context (closed on cleanup).
+        handoff: the app's handoff manager: told that WeChat's customer-service system
+            takes handed-off chats (default: the dispatcher's, if it has one).
 
     On shutdown, deliveries still running are drained (``reply_budget_s``).
 
@@ -1124,7 +1132,7 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
         ConfigError: see :class:`WechatAdapter`.
         bot.store.StoreError: at start-up, the store cannot be opened.
     """
-    adapter = WechatAdapter(cfg, dispatcher, store=store)
+    adapter = WechatAdapter(cfg, dispatcher, store=store, handoff=handoff)
     app[WECHAT_ADAPTER] = adapter
     app.router.add_get("/wechat", adapter.handle_get)
     app.router.add_post("/wechat", adapter.handle_post)

@@ -171,7 +171,7 @@ def create_app(cfg: Config) -> web.Application:
     app.router.add_get("/metrics", metrics_page)
     setup_http(app, dispatcher)
     setup_console(app, cfg, handoff)  # /console (agents), GET /api/messages, the http channel's relay
-    setup_wechat(app, cfg, dispatcher)
+    setup_wechat(app, cfg, dispatcher, handoff=handoff)
     if cfg.telegram.token:  # POST /telegram and the bot's lifecycle (adapters/telegram.py)
         from adapters.telegram import setup_telegram
         setup_telegram(app, cfg, dispatcher, handoff)

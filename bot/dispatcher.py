@@ -5,7 +5,9 @@ Order of checks (ARCHITECTURE.md, "One message, end to end"):
 1. dedup on (channel, message_id) — channel retries get the same reply, computed once;
 2. message kind — follow events get the greeting, non-text a helpful text;
 3. safety.triage — emergencies and crises first, with no knowledge-base advice;
-4. rule intents — greeting, handoff request, out of scope;
+4. rule intents — ending a handoff ("结束人工", whole message), greeting, handoff
+   request (started only where a person can take it, ``HandoffManager.reachable``;
+   else an honest "no one is available"), out of scope;
 5. scope rules — diagnosis, dose, prescription, stopping medicine, reading a
    report: a kind refusal naming the department (refer_doctor);
 6. knowledge retrieval — an answer above the confidence threshold, else no_answer;
@@ -25,7 +27,8 @@ from bot import metrics
 from bot.config import Config
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
-from bot.intents import abuse_reply, care_team_reply, intent_reply, is_abuse, rule_intent, unsupported_reply
+from bot.intents import (HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply, intent_reply,
+                         is_abuse, is_end_handoff, rule_intent, unsupported_reply)
 from bot.knowledge import KnowledgeBase
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
@@ -236,6 +239,9 @@ class Dispatcher:
 
         urgent = triage(norm.text, lang, self.cfg.safety)
         in_handoff = await self.handoff.active(inbound.channel, inbound.user_id)
+        if urgent is None and is_end_handoff(norm):  # "结束人工", "end chat": the bot takes the chat back
+            ended = in_handoff is not None and await self.handoff.end(inbound.channel, inbound.user_id, by="user")
+            return out(HANDOFF_ENDED_REPLY[lang], Intent.SYSTEM), {"handoff": "ended_by_user" if ended else "none"}
         if in_handoff is not None:
             # The bot stays silent while a person handles the chat, except for an
             # emergency, which always gets emergency guidance at once.
@@ -251,6 +257,8 @@ class Dispatcher:
         if intent is None and is_abuse(norm):
             return out(abuse_reply(lang), Intent.OUT_OF_SCOPE), {"rule": "abuse"}
         if intent is Intent.HANDOFF:
+            if not self.handoff.reachable(inbound.channel):  # no console, no agents' group: say so
+                return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.SYSTEM), {"handoff": "no_agents"}
             await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
         if intent is not None:
             return out(intent_reply(intent, lang), intent, handoff=intent is Intent.HANDOFF), {}

@@ -82,6 +82,21 @@ class AgentRelay(Protocol):
 UserNotifier = Callable[[HandoffSession, str], Awaitable[None]]
 
 
+class PlatformAgentRelay:
+    """The relay of a channel whose platform takes a handed-off chat to its own agents
+    (WeChat's customer-service system: the passive reply ``transfer_customer_service``
+    moves the conversation there), so there is nothing to open, forward or close here."""
+
+    async def open(self, session: HandoffSession) -> None:
+        return None
+
+    async def forward(self, session: HandoffSession, text: str) -> None:
+        return None
+
+    async def close(self, session: HandoffSession, by: str) -> None:
+        return None
+
+
 class HandoffManager:
     """Keeps handoff sessions and per-user transcripts in the store; talks to channel relays.
 
@@ -93,8 +108,17 @@ class HandoffManager:
     def __init__(self, store: Store | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S):
         self.store: Store = store if store is not None else MemoryStore()
         self.idle_timeout_s = idle_timeout_s
+        #: True when the agent console is on (adapters/console.py): agents there see every
+        #: channel's handoffs and reply through the channel's notifier.
+        self.console = False
         self._relays: dict[str, AgentRelay] = {}
         self._notifiers: dict[str, UserNotifier] = {}
+
+    def reachable(self, channel: str) -> bool:
+        """Whether a person can take a handoff on ``channel``: the channel has its own way to
+        agents (a relay: a Telegram agents' group, WeChat's customer-service system), or the
+        agent console is on and can reply on that channel (it has a notifier)."""
+        return channel in self._relays or (self.console and channel in self._notifiers)
 
     def register(self, channel: str, relay: AgentRelay | None = None, notify_user: UserNotifier | None = None) -> None:
         """Register how ``channel`` reaches agents and how it sends an agent's text to a user."""

@@ -26,7 +26,8 @@ from safety.normalize import Normalized
 
 __all__ = ["rule_intent", "intent_reply", "unsupported_reply", "care_team_reply", "is_aftercare", "is_medical_diet",
            "CARE_TEAM_RULES", "MEDICAL_DIET_CONDITIONS", "MEDICAL_DIET_REPLY", "GREETING_TOKENS",
-           "HANDOFF_PATTERNS", "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
+           "HANDOFF_PATTERNS", "END_HANDOFF_PATTERNS", "HANDOFF_ENDED_REPLY", "HANDOFF_UNAVAILABLE_REPLY",
+           "is_end_handoff", "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
 
 # A message is a greeting when it is made only of these tokens (and punctuation/spaces).
 GREETING_TOKENS: tuple[str, ...] = (
@@ -68,6 +69,36 @@ HANDOFF_PATTERNS: tuple[str, ...] = (
     r"^(?:人工|真人|客服|human|agent|person|operator|real person)(?: please| pls)?[!?.！？。 ]*$",
 )
 _HANDOFF_RE = tuple(re.compile(p) for p in HANDOFF_PATTERNS)
+
+# Leaving a person for the bot: the whole message only (during a handoff every other
+# message goes to the person, "我不要人工呼吸的那种急救课" included).
+END_HANDOFF_PATTERNS: tuple[str, ...] = (
+    r"^(?:我想|我要|请|帮我)?(?:结束|退出|取消|关闭|关掉|不要|不用|不需要)了?(?:人工|真人|客服)(?:客服|服务|对话|聊天)?了?$",
+    r"^(?:回到|返回|切换到|切回|换回)(?:机器人|智能助手|小助手|健康助手)$",
+    r"^(?:/end|/bot|end (?:the )?(?:chat|handoff)|stop (?:the )?(?:human|agent|handoff)|back to (?:the )?bot|"
+    r"cancel (?:the )?(?:human|agent|handoff)|no (?:human|agent) (?:needed|please))$",
+)
+_END_HANDOFF_RE = tuple(re.compile(p) for p in END_HANDOFF_PATTERNS)
+
+#: The bot takes the chat back (the user ended a handoff, or asked to while in none).
+HANDOFF_ENDED_REPLY = {
+    "zh": "好的，现在由我（健康养生小助手）继续为您解答，可以直接提问。需要人工帮助时再回复“人工”。",
+    "en": 'OK, you\'re chatting with the health assistant (the bot) again; ask me anything. Reply "human" '
+          "if you need a person later.",
+}
+#: Nobody can answer a handoff on this channel (no agent console, no agents' group).
+HANDOFF_UNAVAILABLE_REPLY = {
+    "zh": "抱歉，现在没有人工客服可以接待您。健康方面的问题可以继续问我；身体不适请及时就医，情况紧急请直接拨打120。",
+    "en": "Sorry, no member of our team can chat right now. You can keep asking me health questions; if you feel "
+          "unwell, please see a doctor, and in an emergency call your local emergency number (112 / 911) now.",
+}
+
+
+def is_end_handoff(norm: Normalized) -> bool:
+    """Whether the whole message asks to leave the person and return to the bot
+    ("结束人工", "不用人工了", "回到机器人", "end chat", "/end"; :data:`END_HANDOFF_PATTERNS`)."""
+    text = norm.text.strip().strip("!?.,;:~，。！？；：、～ ")
+    return any(p.match(text) for p in _END_HANDOFF_RE)
 
 # Subjects that are not about health.
 OFF_TOPIC_PATTERNS: tuple[str, ...] = (
@@ -261,9 +292,11 @@ _REPLIES: dict[Intent, tuple[str, str]] = {
         "I'm not a doctor: I can't diagnose, prescribe or read test results. If you feel unwell, please see a "
         'doctor. Reply "human" to talk to a person.'),
     Intent.HANDOFF: (
-        "好的，正在为您转接人工客服，请稍候。工作人员接入前，您可以先把问题描述一下。如果情况紧急，请直接拨打120。",
+        "好的，正在为您转接人工客服，请稍候。工作人员接入前，您可以先把问题描述一下。如果情况紧急，请直接拨打120。"
+        "想回到机器人，请回复“结束人工”。",
         "OK, I'm connecting you to a member of our team; please wait a moment. You can describe your question in "
-        "the meantime. In an emergency, call your local emergency number (112 / 911) now."),
+        'the meantime. In an emergency, call your local emergency number (112 / 911) now. Reply "end chat" to '
+        "come back to the bot."),
     Intent.OUT_OF_SCOPE: (
         "抱歉，这个问题不在我能帮忙的范围内。我专门回答健康养生方面的问题，比如睡眠、饮食、运动、慢病生活方式、"
         "中医养生、老人和孩子的日常保健。有这方面的问题，欢迎随时问我。",

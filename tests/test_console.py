@@ -196,6 +196,20 @@ async def test_long_poll_answers_as_soon_as_the_agent_replies(server, http):
         assert resp.status == 404  # already ended
 
 
+async def test_an_http_user_ends_the_handoff_with_a_text_and_the_bot_answers_again(server, http):
+    user = "end-" + uuid.uuid4().hex
+    started = await _chat(http, server, user, "转人工")
+    assert started["intent"] == "handoff" and "结束人工" in started["reply"]
+    assert await _handoff_of(http, server, user) is not None
+    assert (await _chat(http, server, user, "失眠怎么调理"))["reply"] == ""  # relayed to the agents
+    back = await _chat(http, server, user, "结束人工")
+    assert back["intent"] == "system" and "小助手" in back["reply"]
+    assert await _handoff_of(http, server, user) is None  # gone from the agents' list
+    assert (await _messages(http, server, user))["handoff"] is False
+    answer = await _chat(http, server, user, "失眠怎么调理")
+    assert answer["intent"] == "answer" and answer["reply"]
+
+
 async def test_agent_answers_an_http_user_from_the_console_in_chromium(server, http, tmp_path):
     chromium = require_browser()
     from playwright.async_api import async_playwright, expect

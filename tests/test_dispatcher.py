@@ -175,3 +175,44 @@ async def test_an_overloaded_or_unavailable_encoder_gets_the_polite_busy_reply(d
 async def test_everyday_english_near_misses(dispatcher, q, intent, topic):
     reply = await dispatcher.handle(text(q))
     assert (reply.intent, reply.topic) == (intent, topic)
+
+
+async def test_no_handoff_starts_where_nobody_can_answer_it(dispatcher):
+    # The "test" channel has no relay and the console is off: nobody could take the chat.
+    reply = await dispatcher.handle(text("转人工"))
+    assert reply.intent is Intent.SYSTEM and "没有人工客服" in reply.text and "120" in reply.text
+    assert await dispatcher.handoff.active("test", "u1") is None
+    english = await dispatcher.handle(text("can I talk to a real person"))
+    assert english.intent is Intent.SYSTEM and "no member of our team" in english.text
+    # The next question is answered by the bot, not swallowed.
+    assert (await dispatcher.handle(text("手脚冰凉怎么办"))).topic == "body.cold_hands_feet"
+
+
+async def test_ending_a_handoff_by_text_gives_the_chat_back_to_the_bot(dispatcher, monkeypatch):
+    # A channel the agent console can answer (it has a notifier); the console is on.
+    ch = "console-test"
+    monkeypatch.setattr(dispatcher.handoff, "console", True)
+    dispatcher.handoff.register(ch, notify_user=lambda session, message: asyncio.sleep(0))
+
+    def say(q: str):
+        return dispatcher.handle(text(q, channel=ch))
+
+    try:
+        started = await say("转人工")
+        assert started.intent is Intent.HANDOFF and "结束人工" in started.text
+        assert await dispatcher.handoff.active(ch, "u1") is not None
+        relayed = await say("手脚冰凉怎么办")
+        assert relayed.intent is Intent.HANDOFF and relayed.text == ""  # a person has the chat
+        back = await say("结束人工。")
+        assert back.intent is Intent.SYSTEM and "小助手" in back.text
+        assert await dispatcher.handoff.active(ch, "u1") is None
+        assert (await say("手脚冰凉怎么办")).topic == "body.cold_hands_feet"
+        # Outside a handoff the same words start nothing ("结束人工客服" holds "人工客服", a handoff request).
+        again = await say("结束人工客服")
+        assert again.intent is Intent.SYSTEM and await dispatcher.handoff.active(ch, "u1") is None
+        # A message that only mentions the words goes to the person as usual.
+        await say("转人工")
+        kept = await say("我想问问人工关节置换后怎么结束康复")
+        assert kept.intent is Intent.HANDOFF and await dispatcher.handoff.active(ch, "u1") is not None
+    finally:
+        await dispatcher.handoff.forget(ch, "u1")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.intents import intent_reply, rule_intent, unsupported_reply
+from bot.intents import intent_reply, is_end_handoff, rule_intent, unsupported_reply
 from bot.types import Intent
 from safety.normalize import normalize
 
@@ -95,3 +95,15 @@ def test_aftercare_questions_are_recognised(text, expected):
     from bot.intents import is_aftercare
 
     assert is_aftercare(normalize(text)) is expected
+
+
+@pytest.mark.parametrize("text", ["结束人工", "不用人工了", "结束人工服务。", "退出人工客服", "我想结束人工", "回到机器人",
+                                  "結束人工", "End chat", "/end", "back to the bot!", "stop human"])
+def test_leaving_a_person_for_the_bot_is_recognised(text):
+    assert is_end_handoff(normalize(text))
+
+
+@pytest.mark.parametrize("text", ["转人工", "人工", "结束人工呼吸培训在哪报名", "我不要人工关节", "how do I end my chat with my son",
+                                  "怎么结束治疗"])
+def test_other_messages_do_not_end_a_handoff(text):
+    assert not is_end_handoff(normalize(text))

@@ -789,3 +789,18 @@ async def test_create_app_with_a_token_serves_post_telegram(tmp_path):
     finally:
         await server.close()
         await fake.close()
+
+
+async def test_human_without_an_agents_group_or_console_says_nobody_is_available():
+    h = await _harness(agent_chat=0)
+    try:
+        await h.deliver(h.u.command(USER, "/human"))
+        assert await h.handoff.active("telegram", str(USER)) is None
+        assert h.texts(USER)[-1].startswith("抱歉，现在没有人工客服可以接待您。")
+        # With the agent console on, the console can answer Telegram users: the handoff starts.
+        h.handoff.console = True
+        await h.deliver(h.u.command(USER, "/human"))
+        assert await h.handoff.active("telegram", str(USER)) is not None
+        assert h.texts(USER)[-1].startswith("已为您转接人工客服")
+    finally:
+        await _close(h)
