@@ -27,8 +27,8 @@ from bot import metrics
 from bot.config import Config
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
-from bot.intents import (HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply, intent_reply,
-                         is_abuse, is_end_handoff, rule_intent, unsupported_reply)
+from bot.intents import (HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
+                         drop_handoff_offer, intent_reply, is_abuse, is_end_handoff, rule_intent, unsupported_reply)
 from bot.knowledge import KnowledgeBase
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
@@ -211,8 +211,11 @@ class Dispatcher:
         # A message with no words (a follow event, a photo) says nothing about the
         # language: the channel's own hint, else Chinese, the main audience.
         lang = inbound.lang or (norm.lang if norm.text.strip() else "zh")
+        agents = self.handoff.reachable(inbound.channel)  # can a person take a handoff here?
+        greeting = intent_reply(Intent.GREETING, lang) if agents else drop_handoff_offer(
+            intent_reply(Intent.GREETING, lang))
         if inbound.kind is MessageKind.SUBSCRIBE:
-            return Reply(intent_reply(Intent.GREETING, lang), Intent.GREETING, lang), {}
+            return Reply(greeting, Intent.GREETING, lang), {}
         if inbound.kind is MessageKind.EVENT:
             return Reply("", Intent.SYSTEM, lang), {}
         if inbound.kind is MessageKind.UNSUPPORTED:
@@ -224,17 +227,22 @@ class Dispatcher:
                 return Reply(VOICE_OFF_REPLY[lang], Intent.SYSTEM, lang), {"unsupported": "voice"}
             return Reply(unsupported_reply(lang), Intent.SYSTEM, lang), {"unsupported": inbound.raw.get("type")}
         if not norm.text.strip():
-            return Reply(intent_reply(Intent.GREETING, lang), Intent.GREETING, lang), {}
+            return Reply(greeting, Intent.GREETING, lang), {}
 
         notes: dict[str, Any] = {}
 
         def out(body: str, intent: Intent, **kw: Any) -> Reply:
-            """The reply in the user's script; health texts reviewed and carrying the disclaimer."""
+            """The reply in the user's script; health texts reviewed and carrying the disclaimer;
+            no offer of a person where nobody can take a handoff."""
             if intent in HEALTH_INTENTS:
                 checked = review(body, lang)
                 if checked.blocked:
                     notes["review_blocked"] = checked.reasons
-                body = with_disclaimer(checked.text, lang)
+                body = checked.text
+            if not agents:
+                body = drop_handoff_offer(body)
+            if intent in HEALTH_INTENTS:
+                body = with_disclaimer(body, lang)
             return Reply(to_user_script(body, norm.script, norm.variant), intent, lang, **kw)
 
         urgent = triage(norm.text, lang, self.cfg.safety)
@@ -257,8 +265,8 @@ class Dispatcher:
         if intent is None and is_abuse(norm):
             return out(abuse_reply(lang), Intent.OUT_OF_SCOPE), {"rule": "abuse"}
         if intent is Intent.HANDOFF:
-            if not self.handoff.reachable(inbound.channel):  # no console, no agents' group: say so
-                return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.SYSTEM), {"handoff": "no_agents"}
+            if not agents:  # asked for a person, but no console or agents' group could answer: say so
+                return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.HANDOFF), {"handoff": "no_agents"}
             await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
         if intent is not None:
             return out(intent_reply(intent, lang), intent, handoff=intent is Intent.HANDOFF), {}

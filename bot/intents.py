@@ -27,7 +27,7 @@ from safety.normalize import Normalized
 __all__ = ["rule_intent", "intent_reply", "unsupported_reply", "care_team_reply", "is_aftercare", "is_medical_diet",
            "CARE_TEAM_RULES", "MEDICAL_DIET_CONDITIONS", "MEDICAL_DIET_REPLY", "GREETING_TOKENS",
            "HANDOFF_PATTERNS", "END_HANDOFF_PATTERNS", "HANDOFF_ENDED_REPLY", "HANDOFF_UNAVAILABLE_REPLY",
-           "is_end_handoff", "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
+           "is_end_handoff", "HANDOFF_OFFERS", "drop_handoff_offer", "OFF_TOPIC_PATTERNS", "HEALTH_WORDS", "AFTERCARE_PATTERNS", "AFTERCARE_REPLY"]
 
 # A message is a greeting when it is made only of these tokens (and punctuation/spaces).
 GREETING_TOKENS: tuple[str, ...] = (
@@ -92,6 +92,29 @@ HANDOFF_UNAVAILABLE_REPLY = {
     "en": "Sorry, no member of our team can chat right now. You can keep asking me health questions; if you feel "
           "unwell, please see a doctor, and in an emergency call your local emergency number (112 / 911) now.",
 }
+
+
+#: Every "reply 人工 / human to reach a person" offer in the bot's texts (this module,
+#: safety/review.py, safety/triage.py), with what replaces it: where nobody can take a
+#: handoff the offer is dropped (:func:`drop_handoff_offer`), not made and then refused.
+HANDOFF_OFFERS: tuple[tuple[str, str], ...] = (
+    ("；也可以回复“人工”找工作人员。", "。"),
+    ("；如需人工帮助，请回复“人工”。", "。"),
+    ("如需人工帮助，请回复“人工”。", ""),
+    ("需要人工帮助时再回复“人工”。", ""),
+    ("需要人工帮助请回复“人工”。", ""),
+    (', or reply "human" to reach a person.', "."),
+    ('; reply "human" to talk to a person.', "."),
+    (' Reply "human" if you need a person later.', ""),
+    ('Reply "human" to talk to a person.', ""),
+)
+
+
+def drop_handoff_offer(text: str) -> str:
+    """``text`` without its offer of a person (:data:`HANDOFF_OFFERS`), trailing space removed."""
+    for offer, replacement in HANDOFF_OFFERS:
+        text = text.replace(offer, replacement)
+    return text.rstrip()
 
 
 def is_end_handoff(norm: Normalized) -> bool:

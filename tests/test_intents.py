@@ -107,3 +107,28 @@ def test_leaving_a_person_for_the_bot_is_recognised(text):
                                   "怎么结束治疗"])
 def test_other_messages_do_not_end_a_handoff(text):
     assert not is_end_handoff(normalize(text))
+
+
+def _offers_a_person(text: str) -> bool:
+    return "回复“人工”" in text or 'reply "human"' in text.lower()
+
+
+def test_every_offer_of_a_person_in_the_bots_texts_can_be_dropped():
+    from bot.config import SafetyConfig
+    from bot.intents import ABUSE_REPLY, AFTERCARE_REPLY, HANDOFF_ENDED_REPLY, MEDICAL_DIET_REPLY, drop_handoff_offer
+    from safety.review import FALLBACK
+    from safety.triage import _WHILE_WAITING, crisis_reply, emergency_reply
+
+    texts = [intent_reply(i, lang) for i in (Intent.GREETING, Intent.HANDOFF, Intent.OUT_OF_SCOPE, Intent.NO_ANSWER,
+                                             Intent.REFER_DOCTOR, Intent.EMERGENCY) for lang in ("zh", "en")]
+    for table in (ABUSE_REPLY, AFTERCARE_REPLY, HANDOFF_ENDED_REPLY, MEDICAL_DIET_REPLY, FALLBACK):
+        texts += list(table.values())
+    cfg = SafetyConfig()
+    texts += [crisis_reply(lang, cfg) for lang in ("zh", "en")]
+    texts += [emergency_reply(c, lang, cfg) for c in [*_WHILE_WAITING, "other"] for lang in ("zh", "en")]
+    offering = [t for t in texts if _offers_a_person(t)]
+    assert len(offering) >= 15  # the texts above that offer one
+    for t in offering:
+        dropped = drop_handoff_offer(t)
+        assert not _offers_a_person(dropped), t
+        assert dropped and dropped[-1] in "。.！!）)" and len(dropped) > len(t) // 2, dropped
