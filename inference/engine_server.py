@@ -157,7 +157,7 @@ class EngineServer:
         #: Merged batches each engine may have unfinished (touched by this thread only: _in_flight).
         self._slots = [int(getattr(e, "launch_slots", 1)) if hasattr(e, "launch") else 1 for e in self.engines]
         self._in_flight = [0] * len(self.engines)
-        #: Per engine, time.monotonic() of each unfinished batch's launch, oldest first.
+        #: Per engine, time.monotonic() of each unfinished batch's launch, oldest first (under _stats_lock).
         self._launched_at: list[collections.deque[float]] = [collections.deque() for _ in self.engines]
         self._done: queue.SimpleQueue[tuple[int, list, list]] = queue.SimpleQueue()
         self._jobs: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in self.engines]
@@ -247,8 +247,8 @@ class EngineServer:
             return False
         if msg[0] == "call":
             now = time.monotonic()
-            oldest = [q[0] for q in self._launched_at if q]
             with self._stats_lock:
+                oldest = [q[0] for q in self._launched_at if q]
                 stats = {"batches": self.batches, "rows": self.rows, "requests": self.requests,
                          "running_s": max((now - t for t in oldest), default=0.0)}
             send_frame(self.control, ("result", msg[1], stats if msg[2] == "stats"
@@ -259,7 +259,8 @@ class EngineServer:
         """Engine ``index``'s launch thread: merge each job's batches and start them."""
         engine = self.engines[index]
         while (items := self._jobs[index].get()) is not None:
-            self._launched_at[index].append(time.monotonic())
+            with self._stats_lock:
+                self._launched_at[index].append(time.monotonic())
             try:
                 ids, mask = merge([(i, m) for _, i, m in items])
                 if hasattr(engine, "launch"):
@@ -278,7 +279,8 @@ class EngineServer:
         while (job := self._launched[index].get()) is not None:
             items, finish = job
             replies = self._replies(items, finish)
-            self._launched_at[index].popleft()
+            with self._stats_lock:
+                self._launched_at[index].popleft()
             self._done.put((index, items, replies))
             self._wake_w.send(b"w")
 
