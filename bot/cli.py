@@ -49,8 +49,9 @@ def _ensure_model(cfg: Config) -> None:
 def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
     from bot.app import create_app, serve
     _ensure_model(cfg)
-    print(f"healthbot serving on http://{cfg.server.host}:{cfg.server.port} "
-          f"(POST /wechat, POST /api/chat, GET /healthz, /readyz, /metrics)", file=sys.stderr)
+    print(f"healthbot: loading the model, then serving on http://{cfg.server.host}:{cfg.server.port} "
+          f"(POST /wechat, POST /api/chat, GET /healthz, /readyz, /metrics); the port opens at the "
+          f"'serving' log line", file=sys.stderr)
     app = create_app(cfg)
     if args.telegram_polling:
         from adapters.telegram import use_polling
