@@ -62,6 +62,15 @@ async def test_unrelated_health_question_is_no_answer_not_a_guess(dispatcher):
     assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR)
 
 
+@pytest.mark.parametrize("q", ["鼻子出血了", "鼻子老是出血", "nose started bleeding out of nowhere",
+                               "I burned my hand with boiling water", "孩子摔了一跤头上起了个包"])
+async def test_first_aid_questions_get_no_answer_not_a_neighbouring_topic(dispatcher, q):
+    # No first-aid topic: nosebleeds once got the hay-fever answer, a burn hand washing,
+    # a child's head bump the older people's fall prevention.
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent is Intent.NO_ANSWER and reply.topic is None, (reply.intent, reply.topic)
+
+
 @pytest.mark.parametrize("q, lang, words", [
     ("胆囊切除了 术后饮食要注意什么", "zh", ("医嘱", "主治医生", "120")),
     ("can I have a bath after my knee operation", "en", ("team that treated you", "emergency number")),
