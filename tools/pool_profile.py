@@ -40,7 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tools"), os.environ.get("PYTHONPATH")]))
 
-STATS = Path(tempfile.gettempdir()) / "pool-profile-server.json"
+#: Where the engine server's hook writes its GPU view (one file per profiling process).
+STATS = Path(os.environ.setdefault("POOL_PROFILE_STATS",
+                                   str(Path(tempfile.gettempdir()) / f"pool-profile-{os.getpid()}.json")))
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -166,6 +168,7 @@ async def run(engines_dir: Path, loader: str, procs: int, seconds: float, ceilin
               "gpu busy", gpu.get("busy"), "ms/batch", gpu.get("ms_per_batch"), flush=True)
     finally:
         await enc.close()
+        STATS.unlink(missing_ok=True)
         for k, v in saved.items():
             setattr(process_pool, k, v)
 
