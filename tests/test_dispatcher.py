@@ -87,6 +87,11 @@ async def test_aftercare_question_sends_the_user_to_the_treating_team(dispatcher
     ("老伴肾功能不好 吃饭要注意啥", "zh", ("蛋白质", "营养科")),
     ("家里老人得了帕金森 平时饮食要注意什么", "zh", ("化验结果", "医生")),
     ("my dad has kidney problems, what food is good for him?", "en", ("dietitian", "protein")),
+    ("肾不好的老人饮食要注意什么", "zh", ("营养科", "医生")),
+    ("家里老人得了渐冻症 吃饭要注意什么", "zh", ("多软多稠", "营养科")),
+    ("老人吃饭容易呛咳怎么办", "zh", ("呛咳", "医生")),
+    ("my mother has trouble swallowing, what foods are best", "en", ("how soft", "dietitian")),
+    ("my dad has chronic kidney disease, can he eat bananas", "en", ("potassium", "dietitian")),
 ])
 async def test_eating_with_kidney_disease_or_parkinsons_goes_to_the_care_team_not_a_general_diet(dispatcher, q,
                                                                                                    lang, words):
@@ -98,7 +103,9 @@ async def test_eating_with_kidney_disease_or_parkinsons_goes_to_the_care_team_no
 
 
 @pytest.mark.parametrize("q, topic", [("老人饮食要注意什么", "elder.nutrition"),
-                                      ("糖尿病人早餐吃什么好", "chronic.diabetes_diet")])
+                                      ("糖尿病人早餐吃什么好", "chronic.diabetes_diet"),
+                                      ("补肾吃什么好", "tcm.tonic_safety"),  # TCM "kidney", not kidney disease
+                                      ("腰酸是不是肾不好", "body.lower_back")])
 async def test_diet_questions_without_such_a_condition_keep_their_topic(dispatcher, q, topic):
     reply = await dispatcher.handle(text(q))
     assert reply.intent is Intent.ANSWER and reply.topic == topic
