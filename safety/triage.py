@@ -16,6 +16,12 @@ Where the red flags come from:
   worst-ever headache: NHS "When to call 999" and the conditions pages.
 * Infant fever: NICE guideline NG143 (age under 3 months with a temperature of
   38 °C or higher is a "red" feature); we also count babies of exactly 3 months.
+* Pregnancy warning signs (severe headache, blurred vision, bleeding, waters
+  breaking, baby moving less), low blood sugar, appendicitis signs, new floaters
+  with flashes (detached retina), nosebleed first aid: NHS "Pre-eclampsia",
+  "Urgent advice in pregnancy", "Low blood sugar (hypoglycaemia)", "Appendicitis",
+  "Detached retina", "Nosebleed"; choking: NHS / Red Cross back blows and
+  abdominal thrusts.
 * Numbers: 120 (mainland China emergency medical service), 999 (Hong Kong, UK),
   112 / 911 (EU / North America) from :class:`bot.config.SafetyConfig`; crisis
   lines 12356 (China's 24-hour national psychological assistance hotline) and
@@ -24,8 +30,9 @@ Where the red flags come from:
 How a match is judged (all in data below, not in if-chains):
 
 * the message is normalized (:func:`safety.normalize.normalize`: Traditional →
-  Simplified, lowercase, half-width) and split into clauses at punctuation and
-  at contrast words (但是 / but), because a negation never reaches across them;
+  Simplified, lowercase, half-width) and split into clauses at punctuation (a
+  full stop between digits is a decimal point) and at contrast words (但是 /
+  but), because a negation never reaches across them;
 * a match is dropped when a negation stands right before it in its clause
   ("没有胸痛", "不是胸痛", "no chest pain", "I don't have chest pain"), allowing
   only filler words in between ("没什么胸痛", "don't really have any chest pain");
@@ -81,7 +88,7 @@ class RedFlag:
         category: reply key (``heart_attack``, ``stroke``, ``breathing``,
             ``anaphylaxis``, ``bleeding``, ``poisoning``, ``seizure``,
             ``unconscious``, ``infant_fever``, ``severe_headache``, ``gi_bleed``,
-            ``crisis``).
+            ``pregnancy``, ``hypoglycemia``, ``abdomen``, ``eye``, ``crisis``).
         name: short label, unique within the category.
         patterns: regular expressions over the normalized text; ALL must match
             somewhere in the message (each one not negated) for the flag to fire.
@@ -116,6 +123,7 @@ def _eg(n: int) -> str:
 G2, G3, G4, G6, G8, G10 = _g(2), _g(3), _g(4), _g(6), _g(8), _g(10)
 E6, E10, E15, E20, E25 = _eg(6), _eg(10), _eg(15), _eg(20), _eg(25)
 SUDDEN_ZH = "(?:突然|忽然|突发|一下子|猛地|猛然)"
+PREGNANT_ZH = "(?:怀孕|孕(?:妇|期|晚期|中期|早期|[0-9一二三四五六七八九十]+周|[0-9一二三四五六七八九十]+个月)|妊娠|怀着|怀了|产检)"
 SUDDEN_EN = r"\bsudden(?:ly)?\b"
 PERSON_EN = r"(?:my|his|her|their|the|your)"
 BABY_ZH = "(?:宝宝|婴儿|孩子|小孩|娃|小宝|宝贝|儿子|女儿|闺女|小家伙|新生儿)"
@@ -409,7 +417,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     # ---- infant under 3 months with fever (NICE NG143) --------------------------------
     RedFlag("infant_fever", "infant_fever_zh", (
         BABY_ZH + "(?:才|刚|刚满|只有|还不到|不到)?" + INFANT_AGE_ZH + "|" + INFANT_AGE_ZH + "(?:大)?(?:的)?" + BABY_ZH +
-        "|新生儿|刚出生",
+        "|新生儿|刚出生|" + INFANT_AGE_ZH + "大(?!了?(?:以后|之后|后))",
         FEVER_ZH), not_before="(?:烧|热|咳|病|吐|拉)(?:了)?$"),
     RedFlag("infant_fever", "infant_fever_en", (INFANT_EN, FEVER_EN)),
 
@@ -447,6 +455,64 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bblack\b" + E10 + r"\b(?:stool|stools|poo|poop|bowel movements?)|\b(?:stool|stools|poo|poop)\b" + E10 +
         r"\b(?:black|like tar)\b",),
         unless=r"\biron\b|\bbismuth|pepto|\bblueberr|\bliquorice|\blicorice"),
+
+    # ---- pregnancy warning signs (pre-eclampsia, bleeding, waters, baby moving less) -------
+    # NHS "Pre-eclampsia" and "Urgent advice in pregnancy"; 国家卫健委孕产期保健: go now.
+    RedFlag("pregnancy", "warning_zh", (
+        PREGNANT_ZH,
+        "头(?:痛|疼)" + G3 + "(?:厉害|剧烈|要命|受不了|欲裂|难忍)|(?:剧烈|很严重的)头(?:痛|疼)|眼花|眼前(?:发黑|冒金星|闪光|有闪光)|"
+        "看东西" + G3 + "(?:模糊|不清|看不清|重影)|视物模糊|视力模糊|(?:阴道|下面)" + G3 + "(?:出血|流血)|见红|破水|"
+        "羊水(?:破|流)|胎动" + G3 + "(?:少了|减少|变少|没了|消失|不动|感觉不到)|(?:肚子|腹部|上腹|胃)" + G3 +
+        "(?:剧痛|疼得(?:厉害|受不了)|痛得(?:厉害|受不了))|抽搐"),
+        not_before="(?:预防|怎么避免|如何预防)" + G4 + "$"),
+    RedFlag("pregnancy", "warning_en", (
+        r"\bpregnan\w*|\bweeks? pregnant|\bexpecting a baby|\bmy (?:wife|daughter|partner) is expecting",
+        r"\b(?:severe|bad|terrible|pounding|splitting) headache|\bblurr\w* vision|\bvision\b" + E10 +
+        r"\b(?:blurr\w*|spots|flash\w*)|\bseeing (?:spots|flashing lights|stars)|\bflashing lights|\bvaginal bleeding|"
+        r"\bbleeding\b|\bwaters? (?:has |have )?broken|\bwaters? broke|\bbaby\b" + E15 +
+        r"\b(?:moving less|not moving|stopped moving|isn'?t moving|hasn'?t moved)|\b(?:fewer|less|reduced) (?:baby )?"
+        r"movements|\bsevere (?:tummy|stomach|belly|abdominal) pain|\bfit\b|\bseizure"),
+        not_before=r"\b(?:prevent|avoid)\b" + E10 + "$"),
+
+    # ---- low blood sugar now (hypoglycaemia) -----------------------------------------
+    RedFlag("hypoglycemia", "low_reading_zh", (
+        "血糖" + G6 + r"(?<![\d.])(?:[0-2](?:\.\d+)?|3(?:\.[0-8]\d*)?)(?![\d.])(?!\s*(?:年|个月|天|岁|小时|周|次|点多))",),
+        unless="餐后|饭后|糖化"),
+    RedFlag("hypoglycemia", "low_symptoms_zh", (
+        "低血糖|血糖" + G3 + "(?:很低|太低|偏低|特别低|低了|掉得|降得)",
+        "手抖|发抖|出汗|冒汗|冷汗|心慌|头晕|没力气|迷糊|糊涂|叫不醒|晕倒|眼前发黑"),
+        not_before="(?:预防|怎么避免|如何预防|怎么防)" + G4 + "$"),
+    RedFlag("hypoglycemia", "low_en", (
+        r"\b(?:blood sugar|glucose|bg)\b" + E15 + r"(?<![\d.])(?:[0-2]\.\d|3\.[0-8])(?![\d.])|\bhypo(?:glyc\w*)?\b(?!\s*thyroid)|"
+        r"\blow blood sugar",
+        r"\b(?:shak\w*|trembl\w*|sweat\w*|confus\w*|dizz\w*|faint\w*|drows\w*|pale|clammy|mmol)"),
+        not_before=r"\b(?:prevent|avoid)\b" + E10 + "$"),
+
+    # ---- a child's fit with fever ------------------------------------------------------
+    RedFlag("seizure", "febrile_zh", (
+        "抽筋|抽过去|抽起来|眼睛?" + G2 + "(?:往上|向上)翻|两眼上翻", FEVER_ZH),
+        not_before="(?:腿|脚|小腿|腿肚子|手|手指|脚趾|胃)" + G3 + "$"),
+
+    # ---- appendicitis signs ------------------------------------------------------------
+    RedFlag("abdomen", "right_lower_zh", (
+        "右下(?:腹|肚子|边肚子|侧肚子|方)",
+        "越来越(?:疼|痛|厉害)|发烧|发热|疼得(?:厉害|受不了|走不了|直不起)|痛得(?:厉害|受不了)|按(?:着|一下)?" + G2 + "(?:疼|痛)|"
+        "剧烈|吐了|呕吐"),
+        unless="经期|月经|例假|大姨妈|生理期"),
+    RedFlag("abdomen", "right_lower_en", (
+        r"\b(?:lower right|right lower|bottom right|right side of (?:my|his|her|the) (?:lower )?(?:belly|abdomen|tummy|stomach))",
+        r"\b(?:getting worse|worse and worse|fever|temperature|vomit\w*|severe|can'?t walk|excruciating)"),
+        unless=r"\bperiods?\b|menstrua"),
+
+    # ---- sudden floaters and flashes, a curtain over the sight (retinal detachment) -------
+    RedFlag("eye", "flashes_floaters_zh", (
+        "(?:黑影|黑点|飞蚊|蚊子|漂浮物|小黑点)", "(?:闪光|闪电|亮光|光点|闪来闪去|帘子|黑帘|幕布|挡住)"),
+        not_before="(?:一直|好多年|多年|从小)" + G3 + "$"),
+    RedFlag("eye", "curtain_zh", ("(?:帘子|黑帘|幕布|一块黑|阴影)" + G2 + "(?:挡|遮|盖)", "眼|视线|视野|看东西")),
+    RedFlag("eye", "flashes_floaters_en", (
+        r"\bfloaters?\b|\bspots in (?:my|his|her) vision", r"\bflash\w*|\bcurtain|\bshadow over"),),
+    RedFlag("eye", "curtain_en", (r"\b(?:curtain|shadow|veil)\b" + E15 + r"\b(?:over|across|coming down over)\b" + E15 +
+                                  r"\b(?:vision|eye|sight)",)),
 )
 
 _COMPILED: tuple[tuple[RedFlag, tuple[re.Pattern[str], ...], re.Pattern[str] | None, re.Pattern[str] | None], ...] = tuple(
@@ -517,7 +583,9 @@ _SHORT_CLAUSE = 12  # characters: a following clause this short only qualifies t
 _NEW_OR_SUDDEN = re.compile("又|突然|忽然|突发|今天|刚才|刚刚|加重|越来越|现在|最近|这两天|昨天|"
                             r"\b(?:again|suddenly|today|now|worse|this morning|just now)\b")
 
-_CLAUSE_SPLIT = re.compile(r"[,.;!?，。；！？\n]+|但是|可是|但|然而|\b(?:but|however|although|though|except)\b")
+# A full stop between digits is a decimal point ("血糖2.8", "38.5度"), not a clause boundary.
+_CLAUSE_SPLIT = re.compile(r"(?:[,;!?，。；！？\n]|(?<!\d)\.|\.(?!\d))+|但是|可是|但|然而|"
+                           r"\b(?:but|however|although|though|except)\b")
 
 # Cantonese → Mandarin words that change a red flag's meaning (透唔到氣 = 透不到气).
 _CANTONESE = str.maketrans({"唔": "不", "冇": "没", "咗": "了", "佢": "他", "係": "是", "喺": "在", "嘅": "的", "啲": "些"})
@@ -580,7 +648,7 @@ def match_red_flags(text: str) -> list[str]:
         if unless is not None and unless.search(view):
             continue
         # Suicidal thoughts are never "chronic"; a baby's age in months is not a duration.
-        chronic_cancels = flag.category not in ("crisis", "infant_fever")
+        chronic_cancels = flag.category not in ("crisis", "infant_fever", "pregnancy")
         if all(_find(p, clauses, not_before if i == 0 else None, chronic_cancels) for i, p in enumerate(patterns)):
             hits.append(f"{flag.category}.{flag.name}")
     return hits
@@ -644,7 +712,55 @@ _WHILE_WAITING = {
         "等待时：让他躺下休息，先不要吃东西、喝水；如果还在吐，让他侧躺以免呛到；记下吐出物或大便的颜色和量，告诉医生。",
         "While you wait: let them lie down and don't give food or drink; if they are still vomiting, turn them on "
         "their side so they don't choke; note the colour and amount to tell the doctors."),
+    "pregnancy": (
+        "等待时：左侧躺下休息，带上产检资料（母子健康手册），不要自己开车去医院。孕期突然头痛得厉害、眼花或看东西模糊、"
+        "脸和手突然肿起来，可能是子痫前期；阴道出血、破水或胎动明显减少，也都需要马上看产科急诊。",
+        "While you wait: lie on your left side, take your maternity notes, and don't drive yourself. A severe "
+        "headache, blurred vision or flashing lights, or sudden swelling of the face and hands in pregnancy can be "
+        "pre-eclampsia; bleeding, waters breaking or the baby moving less also need the maternity unit now."),
+    "choking": (
+        "如果他咳不出、说不出话、喘不上气：站到他身后一侧，让他上身前倾，用掌根在两块肩胛骨之间用力拍背5次；还不行就做5次"
+        "腹部冲击（海姆立克法），交替进行，直到东西出来或急救人员到达；如果他失去意识，开始心肺复苏。1岁以下的婴儿不做腹部冲击，改为胸部按压。",
+        "If they can't cough, speak or breathe: stand behind and to one side, lean them forward and give up to 5 "
+        "firm back blows between the shoulder blades with the heel of your hand; if that doesn't clear it, give up "
+        "to 5 abdominal thrusts (the Heimlich manoeuvre); keep alternating until it clears or help arrives; if they "
+        "become unresponsive, start CPR. For a baby under 1, use chest thrusts, not abdominal thrusts."),
+    "abdomen": (
+        "等待时：先不要吃东西、喝水，不要吃止痛药，也不要热敷肚子；右下腹越来越疼或伴发烧、呕吐，可能是阑尾炎，需要尽快去医院急诊看外科。",
+        "While you wait: don't eat or drink, don't take painkillers and don't put heat on the tummy; pain in the "
+        "lower right that keeps getting worse, or comes with fever or vomiting, can be appendicitis and needs A&E."),
 }
+
+#: Categories whose reply leads with what to do now instead of "call the emergency number
+#: now" (NHS "Low blood sugar", "Detached retina", "Nosebleed"): the call comes when it
+#: does not work or when stated signs appear.
+_LEAD = {
+    "hypoglycemia": (
+        "⚠️这可能是低血糖，要马上处理：如果他清醒、能吞咽，马上吃或喝含糖的东西（半杯果汁或含糖饮料、几块糖，"
+        "或一勺白糖兑水），15分钟后再测血糖，还低就再吃一次，好转后再吃点主食。\n"
+        "如果叫不醒、不能吞咽、抽搐，或吃糖后还不见好，不要喂任何东西，让他侧躺，立即拨打{zh}。",
+        "⚠️ This may be low blood sugar and needs treating now: if they are awake and can swallow, give a sugary "
+        "drink or snack straight away (a small glass of fruit juice or a non-diet fizzy drink, a few sweets, or a "
+        "spoonful of sugar in water); check again after 15 minutes and repeat if still low, then have something "
+        "starchy.\nIf they are drowsy or can't swallow, have a fit, or don't get better, give nothing by mouth, lay "
+        "them on their side and call {en} now."),
+    "eye": (
+        "⚠️眼前突然出现很多黑影或闪光，或者像有帘子、阴影挡住视线，可能是视网膜脱离，请今天就去医院眼科急诊"
+        "（夜里就去有眼科的医院急诊），不要等到第二天；路上不要自己开车。",
+        "⚠️ New floaters with flashes of light, or a shadow or curtain over your sight, can be a detached retina: go "
+        "to an eye emergency department or A&E today, don't wait until tomorrow, and don't drive yourself."),
+    "nosebleed": (
+        "⚠️流鼻血止不住时请这样做：坐下，身体稍向前倾（不要仰头，以免血流进喉咙），用拇指和食指捏住鼻子下方软的部分，"
+        "持续按压10到15分钟，用嘴呼吸，不要往鼻子里塞纸。\n"
+        "按压15分钟后还在流、出血很多、是头部受撞击后流的，或者正在吃抗凝药，请马上去医院急诊或拨打{zh}。",
+        "⚠️ For a nosebleed that won't stop: sit down and lean forward (don't tip your head back, the blood runs into "
+        "the throat), pinch the soft part of the nose just above the nostrils for 10 to 15 minutes and breathe "
+        "through your mouth.\nIf it is still bleeding after 15 minutes of pressure, is heavy, started after a blow to "
+        "the head, or you take blood thinners, go to A&E now or call {en}."),
+}
+
+# A nose in a bleeding message: nosebleed first aid instead of pressing on a wound.
+_NOSE = re.compile(r"鼻|\bnose|\bnosebleed")
 
 # Gas and carbon monoxide get their own first aid (China CDC: ventilate, leave the room).
 _GAS = re.compile(r"煤气|一氧化碳|燃气|天然气|炭火|烧炭|煤炉|炭盆|\bcarbon monoxide|\bgas\b|\bco alarm")
@@ -657,10 +773,15 @@ def emergency_reply(category: str, lang: str, cfg: SafetyConfig, variant: str = 
 
     Numbers come from ``cfg`` (120 mainland China; 112 / 911 abroad) plus 999 for
     Hong Kong and the UK; with ``variant == "hk"`` the Chinese reply names 999
-    first. Length: under 300 characters (well below WeChat's 2048-byte passive
-    reply limit in UTF-8).
+    first. ``hypoglycemia``, ``eye`` and ``nosebleed`` lead with what to do now and
+    when to call (:data:`_LEAD`). Length: under 600 characters, and under 600 bytes in
+    Chinese (well below WeChat's 2048-byte passive reply limit in UTF-8).
     """
     zh = lang == "zh"
+    if category in _LEAD:
+        number_zh = HONG_KONG_EMERGENCY if variant == "hk" else cfg.emergency_number_zh
+        lead = _LEAD[category][0 if zh else 1].format(zh=number_zh, en=cfg.emergency_number_en)
+        return "\n".join((lead, _HUMAN_OFFER[0 if zh else 1]))
     waiting = _WHILE_WAITING.get(category, ("", ""))[0 if zh else 1]
     if zh:
         if variant == "hk":
@@ -696,6 +817,22 @@ def crisis_reply(lang: str, cfg: SafetyConfig) -> str:
         + _HUMAN_OFFER[1])
 
 
+def _reply_category(emergencies: list[str], text: str) -> str:
+    """Which reply the medical red flags get: choking and pregnancy warning signs win over
+    whatever else matched ("说不出话" is also a stroke sign; a pregnant woman's headache is
+    also a headache); else the first flag's category, with gas and nosebleed first aid."""
+    if any(h.split(".")[1].startswith("chok") for h in emergencies):
+        return "choking"
+    if any(h.startswith("pregnancy.") for h in emergencies):
+        return "pregnancy"
+    category = emergencies[0].split(".")[0]
+    if category == "poisoning" and _GAS.search(text):
+        return "gas"
+    if category == "bleeding" and _NOSE.search(text):
+        return "nosebleed"
+    return category
+
+
 def triage(text: str, lang: str, cfg: SafetyConfig | None = None) -> TriageResult | None:
     """Check one message for an emergency or a crisis.
 
@@ -721,10 +858,7 @@ def triage(text: str, lang: str, cfg: SafetyConfig | None = None) -> TriageResul
     crisis = [h for h in hits if h.startswith("crisis.")]
     if emergencies:
         rule = emergencies[0]
-        category = rule.split(".")[0]
-        if category == "poisoning" and _GAS.search(norm.text):
-            category = "gas"
-        reply = emergency_reply(category, lang, cfg, norm.variant)
+        reply = emergency_reply(_reply_category(emergencies, norm.text), lang, cfg, norm.variant)
         if crisis:
             line = (f"心里很难受的话，也可以拨打心理援助热线{cfg.crisis_line_zh}。" if lang == "zh"
                     else f"If you are struggling, you can also call {cfg.crisis_line_en}.")

@@ -117,7 +117,7 @@ def test_every_offer_of_a_person_in_the_bots_texts_can_be_dropped():
     from bot.config import SafetyConfig
     from bot.intents import ABUSE_REPLY, AFTERCARE_REPLY, HANDOFF_ENDED_REPLY, MEDICAL_DIET_REPLY, drop_handoff_offer
     from safety.review import FALLBACK
-    from safety.triage import _WHILE_WAITING, crisis_reply, emergency_reply
+    from safety.triage import _LEAD, _WHILE_WAITING, crisis_reply, emergency_reply
 
     texts = [intent_reply(i, lang) for i in (Intent.GREETING, Intent.HANDOFF, Intent.OUT_OF_SCOPE, Intent.NO_ANSWER,
                                              Intent.REFER_DOCTOR, Intent.EMERGENCY) for lang in ("zh", "en")]
@@ -125,7 +125,7 @@ def test_every_offer_of_a_person_in_the_bots_texts_can_be_dropped():
         texts += list(table.values())
     cfg = SafetyConfig()
     texts += [crisis_reply(lang, cfg) for lang in ("zh", "en")]
-    texts += [emergency_reply(c, lang, cfg) for c in [*_WHILE_WAITING, "other"] for lang in ("zh", "en")]
+    texts += [emergency_reply(c, lang, cfg) for c in [*_WHILE_WAITING, *_LEAD, "other"] for lang in ("zh", "en")]
     offering = [t for t in texts if _offers_a_person(t)]
     assert len(offering) >= 15  # the texts above that offer one
     for t in offering:

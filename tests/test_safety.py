@@ -335,3 +335,31 @@ def test_long_messages_are_checked_quickly():
         start = time.perf_counter()
         triage(text, "zh", CFG), check_scope(text, "zh"), review(text, "zh"), rule_intent(normalize(text))
         assert time.perf_counter() - start < 1.0, text[:20]  # seconds; Telegram allows 4096 characters
+
+
+@pytest.mark.parametrize("q, lang, rule, words", [
+    # The first-aid text that fits, not that of another flag that also matched.
+    ("有人噎住了 说不出话 脸发紫", "zh", "stroke.speech_zh", ("拍背", "海姆立克")),
+    ("流鼻血止不住 仰头对吗", "zh", "bleeding.uncontrolled_zh", ("不要仰头", "捏住鼻子")),
+    ("my nose keeps bleeding and won't stop", "en", "bleeding.uncontrolled_en", ("lean forward", "pinch")),
+    ("怀孕七个月 突然头疼得厉害 眼花", "zh", "pregnancy.warning_zh", ("子痫前期", "产科")),
+    # Treat now, call if it does not work.
+    ("他血糖测出来2.8 手抖出汗", "zh", "hypoglycemia.low_reading_zh", ("含糖", "15分钟")),
+    ("my blood sugar is 2.9 and I'm shaking", "en", "hypoglycemia.low_en", ("sugary", "15 minutes")),
+    # Same-day eye emergency, not an ambulance.
+    ("眼前突然好多黑影 还有闪光", "zh", "eye.flashes_floaters_zh", ("视网膜脱离", "眼科急诊")),
+    ("右下腹疼 越来越疼 还发烧", "zh", "abdomen.right_lower_zh", ("阑尾炎", "不要吃止痛药")),
+])
+def test_new_red_flags_get_the_first_aid_that_fits(q, lang, rule, words):
+    result = triage(q, lang, CFG)
+    assert result is not None and result.kind == "emergency" and result.rule == rule
+    for w in words:
+        assert w in result.reply, (w, result.reply)
+    assert "mg" not in result.reply and "毫克" not in result.reply
+
+
+@pytest.mark.parametrize("q", ["血糖3.9正常吗", "血糖12怎么办", "孕期脚肿正常吗", "怀孕了头疼能吃药吗", "晚上腿抽筋怎么回事",
+                               "发烧了腿抽筋", "右下腹隐隐作痛", "眼前有黑影飘来飘去好多年了", "窗帘挡着光线睡不好",
+                               "两个月大以后发烧怎么办"])
+def test_near_misses_of_the_new_red_flags_are_not_emergencies(q):
+    assert triage(q, "zh", CFG) is None, match_red_flags(q)
