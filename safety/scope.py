@@ -10,7 +10,11 @@ bot cannot examine the person or know their history.
 :func:`check_scope` runs after emergency triage and before retrieval. Rules are
 data (:data:`SCOPE_RULES`), checked in order; the first hit gives the reason and a
 kind reply in the user's language that says why and which department to see
-(:data:`DEPARTMENTS`). Ordinary wellness questions must pass: "血压多少算正常"
+(:data:`DEPARTMENTS`). Antibiotics with alcohol (NMPA drug labels: disulfiram-like
+reaction; NHS "Antibiotics"), a medicine's side effects (read the leaflet, ask the
+pharmacist, don't stop it) and signs that need a doctor within days (a breast lump,
+weight loss without trying, coughing blood, a one-sided blistering rash, abnormal
+discharge; NHS conditions pages) get their own replies. Ordinary wellness questions must pass: "血压多少算正常"
 (a knowledge question about thresholds), "高血压饮食注意什么", "喝咖啡会影响睡眠吗",
 "保健品要不要吃" are answered by the knowledge base.
 """
@@ -30,8 +34,11 @@ class ScopeResult:
     """A question outside what the bot may answer.
 
     Attributes:
-        reason: ``"diagnosis"``, ``"dose"``, ``"prescription"``,
-            ``"stop_medicine"``, ``"report"`` or ``"price"``.
+        reason: ``"stop_medicine"``, ``"dose"``, ``"prescription"``,
+            ``"report"``, ``"medicine_alcohol"``, ``"side_effects"``,
+            ``"see_doctor_soon"`` (signs that need a doctor within days: a breast
+            lump, weight loss without trying, coughing blood, a one-sided blistering
+            rash, abnormal discharge), ``"diagnosis"`` or ``"price"``.
         reply: the refusal in the user's language (Simplified Chinese or
             English): why the bot cannot answer and which department or
             professional to ask; at most 300 characters (far below WeChat's
@@ -170,7 +177,8 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               r"\b(?:take|taking|mix|mixing|combine|combining|have|having|use|using)\b[^.?!]{0,20}" + DRUG_EN +
               r"[^.?!]{0,30}\b(?:with|and|alongside|while on|while taking|on top of)\b[^.?!]{0,30}" + DRUG_EN),
     ScopeRule("prescription", "prescribe_en",
-              r"\b(?:take|taking|mix|mixing|combine|combining|have|having)\b[^.?!]{0,30}\b(?:with|alongside|while on)\s+"
+              r"\b(?:take|taking|mix|mixing|combine|combining|have|having|drink|drinking|eat|eating)\b[^.?!]{0,30}"
+              r"\b(?:with|alongside|while on)\s+"
               r"(?:my|his|her|their|the)\b[^.?!]{0,20}\b(?:meds|medications?|medicines?|pills|tablets|insulin|"
               r"warfarin|statins?|blood thinners?)\b|\bprescri\w*|\b(?:which|what) (?:\w+ )?(?:medicine|medication|meds|drug|pills?|tablets?|antibiotics?|cream|"
               r"ointment|painkillers?|cough syrup|antihistamines?|inhaler)\b|"
@@ -191,6 +199,41 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               r"tests) (?:mean|say|show)|\b(?:blood|lab|test|scan|urine) (?:test |work )?(?:shows?|showed|says|said|came back)\b|"
               r"\b" + _LAB_EN + r"\s*(?:is|was|of|at|came back(?: at| as)?|levels? (?:is|are|of|at)|"
               r"reading|count (?:is|of)|:|=)?\s*" + _NUM + r"\b"),
+
+    # ---- antibiotics and alcohol (a disulfiram-like reaction can be dangerous) ---------
+    ScopeRule("medicine_alcohol", "antibiotic_alcohol_zh",
+              "(?:头孢|甲硝唑|替硝唑|呋喃唑酮|抗生素|消炎药)", also="(?:喝酒|饮酒|喝了(?:点|些|一些)?酒|喝啤酒|喝白酒|喝红酒|酒精|酒)"),
+    ScopeRule("medicine_alcohol", "antibiotic_alcohol_en",
+              r"\b(?:antibiotics?|cef\w+|cephalosporins?|metronidazole|flagyl|tinidazole)\b",
+              also=r"\b(?:alcohol|drink(?:ing)?|drank|beer|wine|booze|spirits)\b"),
+
+    # ---- side effects of a medicine -------------------------------------------------------
+    ScopeRule("side_effects", "side_effects_zh",
+              DRUG_ZH + "[^,.;!?，。；！？]{0,8}(?:伤肾|伤肝|副作用|不良反应|毒性)|"
+              "(?:伤肾|伤肝|副作用|不良反应)[^,.;!?，。；！？]{0,6}" + DRUG_ZH,
+              unless="维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"),
+    ScopeRule("side_effects", "side_effects_en",
+              r"\b(?:side effects?|damage (?:my|the|his|her) (?:kidneys?|liver)|bad for (?:my|the|his|her) (?:kidneys?|liver)|"
+              r"addictive|safe long[- ]term)\b", also=DRUG_EN),
+
+    # ---- signs that need a doctor soon, not home care ---------------------------------
+    ScopeRule("see_doctor_soon", "breast_lump_zh",
+              "(?:乳房|乳腺|胸部|咪咪)[^,.;!?，。；！？]{0,8}(?:硬块|肿块|包块|疙瘩|硬结|结节|鼓包|小块|肿物|凹陷|溢液|流水|流血)"),
+    ScopeRule("see_doctor_soon", "breast_lump_en",
+              r"\b(?:lump|bump|hard spot|thickening)\b[^.?!]{0,20}\bbreast|\bbreast\b[^.?!]{0,20}\b(?:lump|bump|hard spot|"
+              r"thickening|discharge|dimpl\w*)"),
+    ScopeRule("see_doctor_soon", "weight_loss_zh",
+              "(?:瘦了|掉了|轻了|体重(?:下降|减轻|掉))", also="没(?:有)?(?:减肥|节食|刻意|故意)|莫名|不明原因|不知道为什么|吃得也不少|饭量没变"),
+    ScopeRule("see_doctor_soon", "weight_loss_en",
+              r"\b(?:losing weight|lost (?:\d+|a lot of|so much) (?:weight|pounds|kg|kilos)|weight loss)\b",
+              also=r"\b(?:without trying|not trying|not dieting|unexplained|for no reason|no idea why|eating normally)\b"),
+    ScopeRule("see_doctor_soon", "cough_blood_zh",
+              "咳[^,.;!?，。；！？]{0,12}(?:血丝|带血|有血|出血|咳血)|痰[^,.;!?，。；！？]{0,4}(?:血丝|带血|有血)"),
+    ScopeRule("see_doctor_soon", "shingles_zh",
+              "(?:一侧|一边|半边|单侧|左边|右边)[^,.;!?，。；！？]{0,10}(?:水泡|水疱|疱疹|红疹|疹子)|(?:水泡|水疱|疱疹|疹子)"
+              "[^,.;!?，。；！？]{0,10}(?:一侧|一边|半边|单侧|一条|一片)", also="疼|痛|火辣|烧灼"),
+    ScopeRule("see_doctor_soon", "discharge_zh",
+              "白带[^,.;!?，。；！？]{0,8}(?:发黄|黄|绿|有味|异味|臭|豆腐渣|带血|血丝|痒|多)"),
 
     # ---- diagnosis -------------------------------------------------------------------
     ScopeRule("diagnosis", "diagnosis_zh",
@@ -236,6 +279,8 @@ def _first_rule(view: str) -> ScopeRule | None:
 # Which department to suggest, first match wins. Chinese hospital department names;
 # English replies suggest the GP / family doctor first.
 DEPARTMENTS: tuple[tuple[str, str, str], ...] = (
+    ("乳房|乳腺|胸部|咪咪|breast", "乳腺外科", "your GP, who can refer you to a breast clinic"),
+    ("疱疹|水泡|水疱|shingles", "皮肤科", "your GP (within 3 days, for shingles)"),
     ("孩子|宝宝|儿童|小孩|婴儿|儿子|女儿|child|baby|kid|son|daughter|toddler", "儿科", "a paediatrician or your GP"),
     ("怀孕|孕|月经|经期|妇科|白带|更年期|pregnan|period|menopaus|gyn", "妇产科", "your GP, midwife or gynaecologist"),
     ("血压|降压|心脏|心慌|心率|他汀|胆固醇|血脂|blood pressure|hypertension|heart|statin|cholesterol",
@@ -289,6 +334,25 @@ _REPLIES: dict[str, tuple[str, str]] = {
         "请把报告拿给开单的医生，或到{dept}请医生看。",
         "I can't interpret your own test results: a number only means something together with your symptoms, "
         "history and other tests. Please go through the report with the doctor who ordered it or {dept}."),
+    "medicine_alcohol": (
+        "用头孢类、甲硝唑等抗生素期间，以及停药后7天内，都不要喝酒，也不要吃含酒精的东西（如藿香正气水、酒心巧克力、醉虾）："
+        "这些药和酒精会引起“双硫仑样反应”，可能出现脸红、头痛、心慌、胸闷、恶心、血压下降，严重时会有生命危险。"
+        "如果已经喝了酒并出现这些不舒服，请马上去医院急诊或拨打120；没有不舒服也请先别再喝，并告诉开药的医生或药师。其他药能不能喝酒，请问药师。",
+        "Don't drink alcohol while on antibiotics such as metronidazole, tinidazole or some cephalosporins, or for "
+        "a few days after (see the leaflet): the mix can cause flushing, a racing heart, chest tightness or "
+        "sickness, which can be dangerous. If you drank and feel unwell, go to A&E or call for help now."),
+    "side_effects": (
+        "药会不会伤肝伤肾、有哪些副作用，要看您的具体情况、用量、肝肾功能和同时在吃的药，我没法替您判断。"
+        "请看药品说明书的“不良反应”和“注意事项”，按医嘱定期复查，拿不准就问开药的医生或药师（也可以去{dept}）。"
+        "请不要因为担心副作用自己停药或减药。",
+        "Whether a medicine harms your liver or kidneys depends on your health, the amount and your other "
+        "medicines, so I can't judge it. Read the leaflet, keep your check-ups, ask a pharmacist or {dept}, "
+        "and don't stop a prescribed medicine over side-effect worries."),
+    "see_doctor_soon": (
+        "您说的情况需要医生尽快当面检查，不适合在家观察或按一般保健方法处理：请这几天就去{dept}看看（不必惊慌，"
+        "很多时候并不严重，但要查清楚）。如果症状突然加重，请马上就医。",
+        "What you describe needs a doctor to look at it soon, not home care: please book to see {dept} in the next "
+        "few days (it is often nothing serious, but it needs checking). If it suddenly gets worse, get urgent care."),
     "price": (
         "具体费用我查不到：不同医院、地区和医保政策差别很大。建议直接问就诊医院的收费处或挂号窗口，医保报销可以问当地医保部门。",
         "I can't give prices: costs vary by hospital, region and insurance. Please ask the hospital's billing "
@@ -316,7 +380,8 @@ def refer_reply(reason: str, lang: str, text: str = "") -> str:
 
 def check_scope(text: str, lang: str) -> ScopeResult | None:
     """Decide whether a question asks for a diagnosis, dose, prescription, a change
-    of medicine, a report reading or a price.
+    of medicine, a report reading or a price, asks about drinking on antibiotics or a
+    medicine's side effects, or describes signs that need a doctor within days.
 
     Args:
         text: the message, original or normalized (characters).
@@ -324,8 +389,9 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
 
     Returns:
         A :class:`ScopeResult` with the first matching reason (order of
-        :data:`SCOPE_RULES`: stop_medicine, dose, prescription, report, diagnosis,
-        price), or ``None`` for a question the knowledge base may answer.
+        :data:`SCOPE_RULES`: stop_medicine, dose, prescription, report,
+        medicine_alcohol, side_effects, see_doctor_soon, diagnosis, price), or
+        ``None`` for a question the knowledge base may answer.
     """
     view = normalize(text).text
     rule = _first_rule(view)

@@ -16,7 +16,7 @@ from safety.disclaimer import DISCLAIMER, DISCLAIMER_MAX_CHARS, with_disclaimer
 from safety.normalize import normalize, to_user_script
 from safety.pii import mask_pii
 from safety.review import FALLBACK, review
-from safety.scope import check_scope
+from safety.scope import check_scope, matching_rule
 from safety.triage import RED_FLAGS, TriageResult, emergency_reply, match_red_flags, triage
 
 EVALS = Path(__file__).resolve().parent.parent / "evals" / "safety.jsonl"
@@ -222,8 +222,9 @@ def test_wellness_questions_pass_scope(text):
 
 
 def test_scope_replies_are_short_for_every_reason_and_department():
-    from safety.scope import DEPARTMENTS, refer_reply
-    for reason in ("diagnosis", "dose", "prescription", "stop_medicine", "report", "price"):
+    from safety.scope import _REPLIES, DEPARTMENTS, refer_reply
+    assert len(_REPLIES) == 9
+    for reason in _REPLIES:
         for lang in ("zh", "en"):
             for pattern, _, _ in DEPARTMENTS + (("", "", ""),):
                 reply = refer_reply(reason, lang, pattern.split("|")[0])
@@ -363,3 +364,27 @@ def test_new_red_flags_get_the_first_aid_that_fits(q, lang, rule, words):
                                "两个月大以后发烧怎么办"])
 def test_near_misses_of_the_new_red_flags_are_not_emergencies(q):
     assert triage(q, "zh", CFG) is None, match_red_flags(q)
+
+
+@pytest.mark.parametrize("q, reason, words", [
+    ("吃着头孢昨晚喝了点酒 会怎么样", "medicine_alcohol", ("双硫仑样反应", "急诊")),
+    ("can I have a beer while on metronidazole", "medicine_alcohol", ("alcohol", "A&E")),
+    ("他汀吃久了伤肝吗", "side_effects", ("说明书", "不要因为担心副作用自己停药")),
+    ("does metformin damage the kidneys", "side_effects", ("leaflet", "pharmacist")),
+    ("洗澡时摸到乳房上有个硬块", "see_doctor_soon", ("乳腺外科", "尽快")),
+    ("我妈没减肥 半年瘦了二十斤", "see_doctor_soon", ("尽快",)),
+    ("咳嗽快两个月了 痰里有血丝", "see_doctor_soon", ("呼吸内科",)),
+    ("腰上一侧起了一串水疱 火辣辣地疼", "see_doctor_soon", ("皮肤科",)),
+    ("can I drink grapefruit juice with my blood pressure pills", "prescription", ("pharmacist",)),
+])
+def test_medicine_interactions_side_effects_and_signs_to_see_a_doctor_soon(q, reason, words):
+    result = check_scope(q, normalize(q).lang)
+    assert result is not None and result.reason == reason, matching_rule(q)
+    for w in words:
+        assert w in result.reply, (w, result.reply)
+
+
+@pytest.mark.parametrize("q", ["喝酒伤肝吗", "吃着降压药能喝酒吗", "最近瘦了 是减肥的效果", "乳房胀痛 来月经前", "咳嗽有痰怎么办",
+                               "孩子出水痘 身上好多水泡", "常吃止痛药伤胃吗", "吃安眠药会上瘾吗"])
+def test_near_misses_of_the_new_scope_rules_pass(q):
+    assert check_scope(q, "zh") is None, matching_rule(q)
