@@ -10,7 +10,8 @@ bot cannot examine the person or know their history.
 :func:`check_scope` runs after emergency triage and before retrieval. Rules are
 data (:data:`SCOPE_RULES`), checked in order; the first hit gives the reason and a
 kind reply in the user's language that says why and which department to see
-(:data:`DEPARTMENTS`). Antibiotics with alcohol (NMPA drug labels: disulfiram-like
+(:data:`DEPARTMENTS`). Animal bites and scratches (国家卫健委《狂犬病暴露预防处置
+工作规范（2023年版）》: wash for about 15 minutes, assessment the same day), antibiotics with alcohol (NMPA drug labels: disulfiram-like
 reaction; NHS "Antibiotics"), a medicine's side effects (read the leaflet, ask the
 pharmacist, don't stop it) and signs that need a doctor within days (a breast lump,
 weight loss without trying, coughing blood, a one-sided blistering rash, abnormal
@@ -35,7 +36,8 @@ class ScopeResult:
 
     Attributes:
         reason: ``"stop_medicine"``, ``"dose"``, ``"prescription"``,
-            ``"report"``, ``"medicine_alcohol"``, ``"side_effects"``,
+            ``"report"``, ``"animal_bite"`` (wash, then a rabies assessment the
+            same day), ``"medicine_alcohol"``, ``"side_effects"``,
             ``"see_doctor_soon"`` (signs that need a doctor within days: a breast
             lump, weight loss without trying, coughing blood, a one-sided blistering
             rash, abnormal discharge), ``"diagnosis"`` or ``"price"``.
@@ -200,6 +202,14 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               r"\b" + _LAB_EN + r"\s*(?:is|was|of|at|came back(?: at| as)?|levels? (?:is|are|of|at)|"
               r"reading|count (?:is|of)|:|=)?\s*" + _NUM + r"\b"),
 
+    # ---- animal bites and scratches: rabies exposure, the same day ----------------------
+    ScopeRule("animal_bite", "animal_bite_zh",
+              "被[^,.;!?，。；！？]{0,4}(?:狗|猫|猫咪|狗狗|老鼠|蝙蝠|猴子|狐狸|獾|宠物)[^,.;!?，。；！？]{0,3}(?:咬|抓|挠|舔)|"
+              "(?:狗|猫|老鼠|蝙蝠|猴子)(?:咬|抓|挠)(?:了|伤|破|到)"),
+    ScopeRule("animal_bite", "animal_bite_en",
+              r"\b(?:dog|cat|kitten|puppy|bat|rat|monkey|fox|stray)\b[^.?!]{0,20}\b(?:bit|bites|bitten|scratched|scratch)\b|"
+              r"\b(?:bitten|scratched) by (?:a|my|the|our|his|her)? ?(?:dog|cat|kitten|puppy|bat|rat|monkey|fox|stray)"),
+
     # ---- antibiotics and alcohol (a disulfiram-like reaction can be dangerous) ---------
     ScopeRule("medicine_alcohol", "antibiotic_alcohol_zh",
               "(?:头孢|甲硝唑|替硝唑|呋喃唑酮|抗生素|消炎药)", also="(?:喝酒|饮酒|喝了(?:点|些|一些)?酒|喝啤酒|喝白酒|喝红酒|酒精|酒)"),
@@ -341,6 +351,13 @@ _REPLIES: dict[str, tuple[str, str]] = {
         "Don't drink alcohol while on antibiotics such as metronidazole, tinidazole or some cephalosporins, or for "
         "a few days after (see the leaflet): the mix can cause flushing, a racing heart, chest tightness or "
         "sickness, which can be dangerous. If you drank and feel unwell, go to A&E or call for help now."),
+    "animal_bite": (
+        "被猫狗等动物咬伤、抓伤（哪怕只破一点皮），请马上用肥皂水和流动清水交替冲洗伤口约15分钟，再用碘伏消毒，"
+        "然后当天就去狂犬病暴露处置门诊（多设在医院急诊、疾控中心或社区卫生服务中心）由医生判断要不要打狂犬疫苗和免疫球蛋白。"
+        "狂犬病一旦发病几乎无法治疗，不要观望等待。",
+        "After a bite or scratch from a dog, cat, bat or other animal, wash the wound with soap "
+        "and running water for about 15 minutes, then see a doctor or urgent care today: they decide whether you "
+        "need rabies vaccine or a tetanus jab. Rabies cannot be treated once it starts, so don't wait."),
     "side_effects": (
         "药会不会伤肝伤肾、有哪些副作用，要看您的具体情况、用量、肝肾功能和同时在吃的药，我没法替您判断。"
         "请看药品说明书的“不良反应”和“注意事项”，按医嘱定期复查，拿不准就问开药的医生或药师（也可以去{dept}）。"
@@ -389,7 +406,7 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
 
     Returns:
         A :class:`ScopeResult` with the first matching reason (order of
-        :data:`SCOPE_RULES`: stop_medicine, dose, prescription, report,
+        :data:`SCOPE_RULES`: stop_medicine, dose, prescription, report, animal_bite,
         medicine_alcohol, side_effects, see_doctor_soon, diagnosis, price), or
         ``None`` for a question the knowledge base may answer.
     """

@@ -223,7 +223,7 @@ def test_wellness_questions_pass_scope(text):
 
 def test_scope_replies_are_short_for_every_reason_and_department():
     from safety.scope import _REPLIES, DEPARTMENTS, refer_reply
-    assert len(_REPLIES) == 9
+    assert len(_REPLIES) == 10
     for reason in _REPLIES:
         for lang in ("zh", "en"):
             for pattern, _, _ in DEPARTMENTS + (("", "", ""),):
@@ -388,3 +388,12 @@ def test_medicine_interactions_side_effects_and_signs_to_see_a_doctor_soon(q, re
                                "孩子出水痘 身上好多水泡", "常吃止痛药伤胃吗", "吃安眠药会上瘾吗"])
 def test_near_misses_of_the_new_scope_rules_pass(q):
     assert check_scope(q, "zh") is None, matching_rule(q)
+
+
+@pytest.mark.parametrize("q, words", [("被邻居家的狗咬了一口 出了点血", ("流动清水", "狂犬病暴露处置门诊", "当天")),
+                                      ("my grandson got scratched by a stray cat", ("soap", "rabies", "today"))])
+def test_animal_bites_get_washing_and_a_same_day_rabies_assessment(q, words):
+    result = check_scope(q, normalize(q).lang)
+    assert result is not None and result.reason == "animal_bite", matching_rule(q)
+    for w in words:
+        assert w in result.reply
