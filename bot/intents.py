@@ -38,14 +38,17 @@ GREETING_TOKENS: tuple[str, ...] = (
     "你是谁", "你是什么", "你叫什么", "你叫什么名字", "你是机器人吗", "你是真人吗", "你是ai吗", "你是医生吗",
     "你能做什么", "你会什么", "你能干什么", "你可以做什么", "你有什么用", "你能帮我什么", "能帮我什么", "怎么用",
     "帮助", "菜单", "使用说明", "功能", "太谢谢", "太感谢", "谢谢啦", "你能帮我做什么", "你是干什么的", "你是做什么的",
-    "怎么用这个", "这个怎么用", "这是什么", "这是干什么的",
+    "怎么用这个", "这个怎么用", "这是什么", "这是干什么的", "你是真人还是机器人", "真人还是机器人", "是真人还是机器人",
+    "说得挺好", "说得好", "说得对", "讲得好", "讲得挺好", "很有用", "挺有用", "有帮助", "很有帮助", "学到了", "受教了",
     # en
     "hi", "hello", "hey", "hiya", "good morning", "good afternoon", "good evening", "morning", "thanks", "thank you",
     "thank you very much", "thanks a lot", "thx", "ty", "cheers", "ok", "okay", "bye", "goodbye",
     "who are you", "what are you", "are you a bot", "are you a robot", "are you human", "are you a doctor",
     "what can you do", "what do you do", "how do i use this", "how does this work", "help", "menu", "/start", "/help",
     "start", "that helps", "that's helpful", "great", "got it", "who am i talking to", "who is this",
-    "are you a real doctor", "are you real", "what is this", "what's this",
+    "are you a real doctor", "are you real", "what is this", "what's this", "that was helpful",
+    "that was really helpful", "that was very helpful", "really helpful", "very helpful", "helpful", "good advice",
+    "that makes sense", "that's useful", "useful", "are you a person or a bot", "are you a bot or a person",
 )
 # Words that may surround a greeting without making it a question ("医生你好呀", "thanks so much").
 _GREETING_FILLER: tuple[str, ...] = (
@@ -126,7 +129,9 @@ def is_end_handoff(norm: Normalized) -> bool:
 # Subjects that are not about health.
 OFF_TOPIC_PATTERNS: tuple[str, ...] = (
     r"天气(?:怎么样|如何|好不好|预报|热不热|冷不冷)|气温多少|几度|下雨吗|会下雨|下雪吗|几级风|雾霾指数|下雨不|下不下雨|下雪不|"
-    r"(?:猫|狗|猫咪|狗狗|宠物|鹦鹉|仓鼠|兔子)(?:不吃|不爱吃|拉稀|拉肚子|生病|呕吐|吐了|掉毛|发烧|咳嗽|打喷嚏)",
+    r"(?:猫|狗|猫咪|狗狗|宠物|鹦鹉|仓鼠|兔子)(?:不吃|不爱吃|拉稀|拉肚子|生病|呕吐|吐了|掉毛|发烧|咳嗽|打喷嚏|"
+    r"(?:天天|老是|总是|晚上|半夜)?(?:叫|吵|乱叫|拉屎|乱拉|掉毛))|"
+    r"(?:微信|手机|电脑|平板|电视)(?:的|上|里)?(?:字体|字|声音|铃声|内存|设置|屏幕|截屏|截图|密码|网)|截屏|截图|字体(?:太小|调大|放大)",
     r"股票|股市|炒股|基金|(?<![a-z])a股|大盘|涨停|跌停|比特币|虚拟币|理财|汇率|黄金价格|油价|房价|利率",
     r"彩票|双色球|大乐透|福彩|体彩|中奖号码|开奖",
     r"作业|数学题|应用题|作文|解方程|语文题|英语题|考试答案|奥数|背课文|翻译(?:一下|成)",
@@ -145,7 +150,9 @@ OFF_TOPIC_PATTERNS: tuple[str, ...] = (
     r"\bbasketball\b|\bscores?\b|\bnba\b|\bmatch result|\btravel\b|\bflights?\b|\bhotels?\b|\btourist\b|\bmovie\b|"
     r"\bsong\b|\bcapital of\b|\btranslate\b|\bwhat time is it\b|\bhoroscope\b|\bexchange rate\b|\bpoem\b|"
     r"\bstory\b|\blaptop\b|\bcomputer\b|\bphone\b|\belection\b|\bpresident\b|\bpolitic|\bbread\b|\bcake\b|"
-    r"(?<!\d)\d+\s*(?:times|plus|minus|divided by|×|\*)\s*\d+",
+    r"(?<!\d)\d+\s*(?:times|plus|minus|divided by|×|\*)\s*\d+|"
+    r"\b(?:dogs?|cats?|puppy|puppies|kittens?)\b[^.?!]{0,25}\b(?:barking|barks|pooping|poops|peeing|meowing|digging|"
+    r"won'?t eat|not eating|throwing up|vomiting|shedding)\b",
 )
 _OFF_TOPIC_RE = tuple(re.compile(p) for p in OFF_TOPIC_PATTERNS)
 

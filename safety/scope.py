@@ -120,6 +120,15 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               r"\b(?:want|wanna|thinking|planning|going|like|trying) to (?:stop|quit|come off|get off|cut down|reduce)\b|"
               r"\bcan i (?:stop|quit)\b", also=r"\b(?:statins?|insulin|pills|tablets|medication|meds|medicine|antidepressants?|"
               r"metformin|warfarin|steroids?|blood pressure (?:pills|tablets|meds|medication))\b"),
+    ScopeRule("stop_medicine", "drug_pause_zh",
+              DRUG_ZH + "[^,.;!?，。；！？]{0,12}(?:先停|停几天|停一停|停一段|停掉|停了|不吃了|先不吃)"
+              "[^,.;!?，。；！？]{0,6}(?:行不行|行吗|可以吗|能不能|好不好|要紧吗|会不会)"),
+    ScopeRule("prescription", "anticoagulant_food_zh",
+              "(?:华法林|抗凝药|抗凝血药|稀释血液的药)",
+              also="(?:能|可以|能不能|可不可以|敢)(?:吃|喝)|(?:吃|喝)[^,.;!?，。；！？]{0,6}(?:行吗|可以吗|行不行|有影响|影响)"),
+    ScopeRule("prescription", "anticoagulant_food_en",
+              r"\b(?:warfarin|coumadin|blood thinners?|anticoagulants?|apixaban|eliquis|rivaroxaban|xarelto)\b",
+              also=r"\b(?:eat|eating|drink|drinking|have|having|food|foods|diet)\b"),
     ScopeRule("stop_medicine", "stop_noun_zh", "停药|减药|换药|断药|停掉(?:药|胰岛素)|自己调(?:整)?(?:药|剂量)",
               unless="换药(?:室|处)|伤口换药"),
     ScopeRule("stop_medicine", "no_more_medicine_zh",
@@ -242,6 +251,10 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
     ScopeRule("see_doctor_soon", "shingles_zh",
               "(?:一侧|一边|半边|单侧|左边|右边)[^,.;!?，。；！？]{0,10}(?:水泡|水疱|疱疹|红疹|疹子)|(?:水泡|水疱|疱疹|疹子)"
               "[^,.;!?，。；！？]{0,10}(?:一侧|一边|半边|单侧|一条|一片)", also="疼|痛|火辣|烧灼"),
+    ScopeRule("see_doctor_soon", "diabetic_wound_zh",
+              "(?:伤口|口子|破了|破皮|溃烂|烂了|溃疡|水泡)", also="糖尿病|血糖高|降糖"),
+    ScopeRule("see_doctor_soon", "diabetic_wound_en",
+              r"\b(?:wound|cut|sore|ulcer|blister)\b", also=r"\bdiabet\w*"),
     ScopeRule("see_doctor_soon", "discharge_zh",
               "白带[^,.;!?，。；！？]{0,8}(?:发黄|黄|绿|有味|异味|臭|豆腐渣|带血|血丝|痒|多)"),
 

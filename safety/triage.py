@@ -88,7 +88,8 @@ class RedFlag:
         category: reply key (``heart_attack``, ``stroke``, ``breathing``,
             ``anaphylaxis``, ``bleeding``, ``poisoning``, ``seizure``,
             ``unconscious``, ``infant_fever``, ``severe_headache``, ``gi_bleed``,
-            ``pregnancy``, ``hypoglycemia``, ``abdomen``, ``eye``, ``crisis``).
+            ``pregnancy``, ``hypoglycemia``, ``abdomen``, ``eye``, ``high_bp``,
+            ``fracture``, ``heatstroke``, ``head_injury``, ``crisis``).
         name: short label, unique within the category.
         patterns: regular expressions over the normalized text; ALL must match
             somewhere in the message (each one not negated) for the flag to fire.
@@ -163,6 +164,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "活够了|(?:想|要)?(?:结束|了结)(?:这一切|一切)|结束(?:自己的?)?生命|了结(?:自己|生命|此生)|"
         "不想(?:再)?醒(?:来|过来)|没有活下去|撑不下去了|想(?:要)?解脱|遗书|遗言|活着(?:还)?有什么(?:意思|意义|用)|"
         "(?:想|要)离开这个世界|没有我" + G4 + "(?:更好|轻松)",)),
+    RedFlag("crisis", "bereaved_zh", (
+        "(?:走了|去世|过世|没了|不在了|离开我|死了)",
+        "(?:跟|和|随)(?:他|她|老伴|老头|孩子)?(?:一起|一块)?(?:去|走)(?:了|算了|吧)?$|去(?:陪|找)(?:他|她|老伴)|随(?:他|她)(?:而)?去"),),
     RedFlag("crisis", "plan_zh", (
         "(?:准备|攒|存|买)(?:好|了)?" + G4 + "(?:药|安眠药|绳子|木炭|炭|刀片)", "结束|了结|死|不想活|离开这个世界")),
     RedFlag("crisis", "self_harm_zh", ("割腕|自残|自伤|伤害自己(?!的?(?:身体|健康|胃|肝))",)),
@@ -284,6 +288,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:喘不(?:上|过|动|来)|透不(?:过|上|到)|上不来|接不上)气|呼吸(?:困难|不(?:上来|过来|了)|急促|费力|很费劲|衰竭)|"
         "不能呼吸|没法呼吸|无法呼吸|憋得(?:喘|透|上不来|脸)|气(?:都)?喘不|喘得(?:厉害|说不出|不行|要命|躺不下)|"
         "喘不过来|哮喘(?:发作|犯了|急性发作)",), unless="鼻子堵|鼻塞|鼻子不通"),
+    RedFlag("breathing", "orthopnea_zh", (
+        "(?:躺(?:平|下|着)|平躺)" + G4 + "(?:就)?(?:喘|憋|上不来气|透不过气|喘不上气)|(?:垫|枕)(?:两|三|四|好几|几)个?枕头",),),
     RedFlag("breathing", "cyanosis_zh", ("(?:嘴唇|嘴|脸|脸色|指甲|手指)" + G2 + "(?:发)?(?:紫|青紫|乌青|发青|青了|发绀|黑紫|发乌)",)),
     RedFlag("breathing", "choking_zh", (
         "(?:噎住|噎着|哽住|卡住|卡在)" + G4 + "(?:喉咙|嗓子|气管|喘|说不出|脸|呼吸)|"
@@ -455,6 +461,51 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bblack\b" + E10 + r"\b(?:stool|stools|poo|poop|bowel movements?)|\b(?:stool|stools|poo|poop)\b" + E10 +
         r"\b(?:black|like tar)\b",),
         unless=r"\biron\b|\bbismuth|pepto|\bblueberr|\bliquorice|\blicorice"),
+
+    # ---- very high blood pressure with symptoms -----------------------------------------
+    RedFlag("high_bp", "high_bp_zh", (
+        "(?:血压|高压|收缩压)" + G6 + "(?:(?<![\\d.])(?:1[89]\\d|2\\d\\d)(?![\\d.])|两百|二百|一百八|一百九)",
+        "头(?:痛|疼)|头晕|吐|呕|恶心|胸(?:闷|痛|疼)|看不清|眼花|视物模糊|说话不清|手脚(?:麻|无力)|喘不上气"),),
+    RedFlag("high_bp", "high_bp_en", (
+        r"\b(?:blood pressure|bp)\b" + E15 + r"(?<![\d.])(?:1[89]\d|2\d\d)(?![\d.])",
+        r"\b(?:headache|vomit\w*|throwing up|chest pain|blurr\w*|confus\w*|short of breath|numb\w*)"),),
+
+    # ---- a fall with hip or thigh pain and unable to stand (hip fracture) ---------------
+    RedFlag("fracture", "hip_zh", (
+        "摔|跌|滑倒|绊倒", "(?:胯|髋|大腿根|屁股|腿)" + G4 + "(?:疼|痛)",
+        "站不起|起不来|不能走|走不了|动不了|不能动|腿变短|腿往外撇"),),
+    RedFlag("fracture", "hip_en", (
+        r"\b(?:fell|fall|fallen|slipped|tripped)\b", r"\b(?:hip|thigh|groin)\b",
+        r"\b(?:can'?t|cannot|unable to) (?:stand|get up|walk|put weight)"),),
+
+    # ---- heat stroke ----------------------------------------------------------------------
+    RedFlag("heatstroke", "heatstroke_zh", (
+        "中暑|大热天|高温|太阳底下|烈日|地里干活|闷热", "不出汗|浑身滚烫|体温(?:很高|四十|40)|迷糊|糊涂|叫不醒|说胡话|神志不清|抽搐|晕倒|昏倒"),),
+    RedFlag("heatstroke", "heatstroke_en", (
+        r"\bheat ?stroke|\b(?:in the heat|hot day|heatwave|in the sun)\b",
+        r"\b(?:confus\w*|stopped sweating|not sweating|collaps\w*|unresponsive|fainted|seizure|very hot to the touch)"),),
+
+    # ---- head injury on blood thinners ----------------------------------------------------
+    RedFlag("head_injury", "anticoagulant_zh", (
+        "(?:摔|磕|撞|碰)" + G6 + "(?:头|脑袋|后脑|额头)|(?:头|脑袋|后脑|额头)" + G3 + "(?:磕|撞|碰|摔)",
+        "抗凝|华法林|阿司匹林|氯吡格雷|波立维|利伐沙班|达比加群|阿哌沙班|稀释血液的药"),),
+    RedFlag("head_injury", "anticoagulant_en", (
+        r"\b(?:hit|bumped|banged|knocked) (?:his|her|my|their) head|\b(?:fell|fall)\b" + E20 + r"\bhead\b",
+        r"\b(?:blood thinners?|anticoagulants?|warfarin|apixaban|eliquis|rivaroxaban|xarelto|clopidogrel|aspirin)\b"),),
+
+    # ---- vomiting with days of no bowel movement (bowel obstruction) ----------------------
+    RedFlag("abdomen", "obstruction_zh", (
+        "(?:几|好几|\\d+|[三四五六七八九十]+)天(?:都|了)?没(?:有)?(?:大便|拉屎|解大便|排便|拉|放屁)", "吐|呕"),),
+    RedFlag("abdomen", "obstruction_en", (
+        r"\b(?:hasn'?t|haven'?t|not|no) (?:pooped|had a (?:poo|bowel movement)|been to the toilet|passed (?:stool|wind))",
+        r"\b(?:vomit\w*|throwing up|threw up|being sick)\b"),),
+
+    # ---- wild mushrooms with symptoms (poisoning) -----------------------------------------
+    RedFlag("poisoning", "mushroom_zh", (
+        "菌子|蘑菇|野生菌|见手青|毒菌|鹅膏", "小人|幻觉|看见|胡话|吐|呕|拉肚子|腹泻|肚子疼|头晕|迷糊|抽|心慌"),
+        unless="怎么(?:做|炒|吃)|能不能吃|怎么分辨|怎么辨别"),
+    RedFlag("poisoning", "mushroom_en", (r"\b(?:wild )?mushrooms?\b", r"\b(?:hallucinat\w*|vomit\w*|throwing up|diarrh\w*|"
+                                                                      r"cramps|confus\w*)"),),
 
     # ---- pregnancy warning signs (pre-eclampsia, bleeding, waters, baby moving less) -------
     # NHS "Pre-eclampsia" and "Urgent advice in pregnancy"; 国家卫健委孕产期保健: go now.
@@ -725,6 +776,25 @@ _WHILE_WAITING = {
         "firm back blows between the shoulder blades with the heel of your hand; if that doesn't clear it, give up "
         "to 5 abdominal thrusts (the Heimlich manoeuvre); keep alternating until it clears or help arrives; if they "
         "become unresponsive, start CPR. For a baby under 1, use chest thrusts, not abdominal thrusts."),
+    "high_bp": (
+        "等待时：让他安静地坐着或半躺休息，不要走动；不要自己加吃降压药，也不要吃别人的药；记下量到的血压和时间，告诉医生。",
+        "While you wait: let them sit or lie back quietly and not walk about; don't take extra blood pressure "
+        "tablets or anyone else's medicine; note the readings and times for the doctors."),
+    "fracture": (
+        "等待时：不要硬扶他起来走路，也不要揉、拉或热敷疼的地方；让他保持最舒服的姿势躺着，盖好保暖，等急救人员来搬运。",
+        "While you wait: don't try to get them up or walking, and don't rub, pull or heat the painful area; let "
+        "them lie in the most comfortable position, keep them warm, and wait for the ambulance crew to move them."),
+    "heatstroke": (
+        "等待时：马上把他移到阴凉通风的地方，解开衣服，用凉水擦身或浇在皮肤上并扇风降温；清醒、能吞咽的可以小口喝凉水；叫不醒的不要喂水，让他侧躺。",
+        "While you wait: move them somewhere cool and shaded, loosen clothing, wet the skin with cool water and fan "
+        "them; if they are alert and can swallow, give small sips of cool water; if not, give nothing and lay them "
+        "on their side."),
+    "head_injury": (
+        "吃抗凝药等“稀释血液”药物的人头部受伤后，即使现在看着没事，也可能慢慢出现颅内出血，需要马上去急诊检查；"
+        "路上和之后都不要让他一个人待着，留意有没有头痛加重、呕吐、嗜睡或说话不清。",
+        "Someone on blood thinners who hits their head can bleed inside the skull slowly even if "
+        "they seem fine now: they need A&E now. Don't leave them alone, and watch for a worsening headache, "
+        "vomiting, drowsiness or confusion."),
     "abdomen": (
         "等待时：先不要吃东西、喝水，不要吃止痛药，也不要热敷肚子；右下腹越来越疼或伴发烧、呕吐，可能是阑尾炎，需要尽快去医院急诊看外科。",
         "While you wait: don't eat or drink, don't take painkillers and don't put heat on the tummy; pain in the "
@@ -758,6 +828,9 @@ _LEAD = {
         "through your mouth.\nIf it is still bleeding after 15 minutes of pressure, is heavy, started after a blow to "
         "the head, or you take blood thinners, go to A&E now or call {en}."),
 }
+
+# Diabetes medicines: an overdose of them is treated as low blood sugar.
+_GLUCOSE_LOWERING = re.compile(r"降糖|胰岛素|二甲双胍|格列|糖尿病的药|\binsulin|\bmetformin|\bgli\w+|\bdiabet\w* (?:pills?|tablets?|meds?|medication)")
 
 # A nose in a bleeding message: nosebleed first aid instead of pressing on a wound.
 _NOSE = re.compile(r"鼻|\bnose|\bnosebleed")
@@ -828,6 +901,8 @@ def _reply_category(emergencies: list[str], text: str) -> str:
     category = emergencies[0].split(".")[0]
     if category == "poisoning" and _GAS.search(text):
         return "gas"
+    if category == "poisoning" and _GLUCOSE_LOWERING.search(text):
+        return "hypoglycemia"  # too much of a diabetes medicine: sugar first, not "nothing by mouth"
     if category == "bleeding" and _NOSE.search(text):
         return "nosebleed"
     return category
