@@ -181,6 +181,9 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
     ScopeRule("prescription", "can_i_take_medicine_zh",
               "(?:能|可以|能不能|可不可以|敢)(?:吃|用|服|服用|喝|打)[^,.;!?，。；！？]{0,8}" + DRUG_ZH,
               unless="维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"),
+    ScopeRule("prescription", "medicine_then_can_take_zh",
+              DRUG_ZH + "[^,.;!?，。；！？]{0,16}(?:能|可以|能不能|可不可以|敢)(?:吃|用|服|服用)(?:吗|不|么)",
+              unless="维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"),
     ScopeRule("prescription", "combine_medicines_zh",
               DRUG_ZH + "[^,.;!?，。；！？]{0,8}(?:和|跟|与|加|同)[^,.;!?，。；！？]{0,4}" + DRUG_ZH +
               "[^,.;!?，。；！？]{0,8}(?:一起|同时|一块)?(?:吃|用|服)", unless="保健品"),
@@ -255,6 +258,11 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "(?:伤口|口子|破了|破皮|溃烂|烂了|溃疡|水泡)", also="糖尿病|血糖高|降糖"),
     ScopeRule("see_doctor_soon", "diabetic_wound_en",
               r"\b(?:wound|cut|sore|ulcer|blister)\b", also=r"\bdiabet\w*"),
+    ScopeRule("see_doctor_soon", "fast_heart_zh",
+              "心跳|心率|脉搏|心慌", also="(?<![\\d.])(?:1[4-9]\\d|2\\d\\d)(?![\\d.])|一百[四五六七八九]|两百|阵发|一阵一阵|突然(?:很快|加快|跳得快)"),
+    ScopeRule("see_doctor_soon", "slow_heart_en",
+              r"\b(?:heart rate|pulse|heartbeat)\b[^.?!]{0,20}(?<![\d.])(?:[2-4]\d)(?![\d.])",
+              also=r"\b(?:dizz\w*|faint\w*|lightheaded|tired|breathless|short of breath)"),
     ScopeRule("see_doctor_soon", "discharge_zh",
               "白带[^,.;!?，。；！？]{0,8}(?:发黄|黄|绿|有味|异味|臭|豆腐渣|带血|血丝|痒|多)"),
 
@@ -336,9 +344,10 @@ _REPLIES: dict[str, tuple[str, str]] = {
         "history. Please see {dept}, and tell them when it started, how it has changed and what you take. "
         "If it suddenly gets worse, get urgent care."),
     "dose": (
-        "具体剂量我不能告诉您。合适的用量要看年龄、体重、肝肾功能和同时在吃的药，我没法了解这些，按规定AI也不能开药或定剂量。"
+        "具体怎么吃（剂量、次数、什么时候吃）我不能替您定。合适的用法要看年龄、体重、肝肾功能和同时在吃的药，我没法了解这些，按规定AI也不能开药或定剂量。"
         "请按医嘱或药品说明书使用，拿不准就问开药的医生或药店的执业药师；需要复诊可以去{dept}看看。",
-        "I can't give doses. The right amount depends on age, weight, kidney and liver function and other "
+        "I can't say how to take it (dose, how often or when). That depends on age, weight, kidney and liver "
+        "function and other "
         "medicines, which I can't check. Please follow the label or your prescriber's instructions, and ask "
         "a pharmacist or {dept} if unsure."),
     "prescription": (

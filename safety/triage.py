@@ -252,7 +252,10 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         unless="站起|蹲|起床|起身|坐起"),
     RedFlag("stroke", "event_zh", (
         DISEASE_EVENT_CUE_ZH + "(?:小中风|中风|脑梗[死塞]?|脑卒中|脑溢血|脑出血)|"
-        "(?:中风|脑梗[死塞]?|脑卒中|脑溢血|脑出血)(?:又|突然)?(?:了|发作|犯了)",)),
+        "(?:中风|脑梗[死塞]?|脑卒中|脑溢血|脑出血)(?:又|突然)?(?:了|发作|犯了)",),
+        # "中风了能吃吗", "万一中风了怎么办": a question about what to do if, not a stroke now.
+        not_before="(?:万一|如果|要是|假如|备着|家里要不要)" + G8 + "$",
+        unless="(?:中风|脑梗)了?(?:能|可以|能不能|该|要不要)(?:吃|用|服)|要不要备|家里备"),
     RedFlag("stroke", "face_en", (
         r"\b(?:face|mouth|smile|lip|eyelid)\b" + E15 + r"\b(?:droop\w*|sag\w*|lopsided|crooked|uneven|twisted|slack)\b|"
         r"\bone side of " + PERSON_EN + r" (?:face|mouth|body)\b|\b(?:drooping|droopy|crooked|lopsided)\s+(?:face|mouth|smile)|"
@@ -891,13 +894,15 @@ def crisis_reply(lang: str, cfg: SafetyConfig) -> str:
 
 
 def _reply_category(emergencies: list[str], text: str) -> str:
-    """Which reply the medical red flags get: choking and pregnancy warning signs win over
-    whatever else matched ("说不出话" is also a stroke sign; a pregnant woman's headache is
+    """Which reply the medical red flags get: choking, pregnancy warning signs and heat
+    stroke win over whatever else matched ("说不出话" is also a stroke sign; a pregnant woman's headache is
     also a headache); else the first flag's category, with gas and nosebleed first aid."""
     if any(h.split(".")[1].startswith("chok") for h in emergencies):
         return "choking"
     if any(h.startswith("pregnancy.") for h in emergencies):
         return "pregnancy"
+    if any(h.startswith("heatstroke.") for h in emergencies):
+        return "heatstroke"  # confusion in the heat: cool them down while the ambulance comes
     category = emergencies[0].split(".")[0]
     if category == "poisoning" and _GAS.search(text):
         return "gas"

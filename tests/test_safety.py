@@ -397,3 +397,43 @@ def test_animal_bites_get_washing_and_a_same_day_rabies_assessment(q, words):
     assert result is not None and result.reason == "animal_bite", matching_rule(q)
     for w in words:
         assert w in result.reply
+
+
+@pytest.mark.parametrize("q, lang, category, words", [
+    ("我妈量血压二百多 头疼得厉害 还吐了", "zh", "high_bp", ("不要自己加吃降压药",)),
+    ("老人在厕所摔了 大腿根疼 站不起来", "zh", "fracture", ("不要硬扶他起来",)),
+    ("高温天在外面干活 人突然迷糊了 身上滚烫不出汗", "zh", "heatstroke", ("阴凉",)),
+    ("my dad is on warfarin and fell and hit his head this morning", "en", "head_injury", ("A&E", "alone")),
+    ("老人五天没大便 肚子胀 今天吐了两次", "zh", "abdomen", ("不要吃止痛药",)),
+    ("吃了自己采的野蘑菇 现在又吐又拉", "zh", "poisoning", ("不要自行催吐",)),
+    ("我妈一躺下就喘不上气 得坐着睡", "zh", "breathing", ("坐直",)),
+    ("我爸早上把降糖药吃了两遍", "zh", "poisoning", ("含糖",)),  # a diabetes medicine overdose: sugar first
+])
+def test_second_round_red_flags(q, lang, category, words):
+    result = triage(q, lang, CFG)
+    assert result is not None and result.kind == "emergency" and result.rule.startswith(category + "."), \
+        match_red_flags(q)
+    for w in words:
+        assert w in result.reply, (w, result.reply)
+
+
+def test_a_bereaved_person_wanting_to_go_with_the_dead_gets_the_crisis_line():
+    result = triage("老伴走了三个月了 我天天哭 就想跟他一起走", "zh", CFG)
+    assert result is not None and result.rule == "crisis.bereaved_zh" and "12356" in result.reply
+
+
+@pytest.mark.parametrize("q", ["万一中风了怎么办", "家里要不要备点安宫牛黄丸 中风了能吃吗", "老伴走了以后我想跟孩子一起去旅游",
+                               "夏天怎么预防中暑", "三天没大便了 肚子有点胀", "血压180正常吗", "蘑菇怎么炒好吃"])
+def test_second_round_near_misses_are_not_emergencies(q):
+    assert triage(q, "zh", CFG) is None, match_red_flags(q)
+
+
+@pytest.mark.parametrize("q, reason", [("心跳老是突然很快 一分钟一百五", "see_doctor_soon"),
+                                       ("my resting heart rate is 45 and I feel dizzy", "see_doctor_soon"),
+                                       ("吃了他汀腿酸 先停几天行不行", "stop_medicine"),
+                                       ("my mum takes warfarin, can she eat kale", "prescription"),
+                                       ("我爸糖尿病 脚上的伤口半个月了还没好", "see_doctor_soon"),
+                                       ("感冒药孕妇能吃吗", "prescription")])
+def test_second_round_scope_rules(q, reason):
+    result = check_scope(q, normalize(q).lang)
+    assert result is not None and result.reason == reason, matching_rule(q)
