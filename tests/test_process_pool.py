@@ -264,10 +264,10 @@ async def test_server_metrics_show_each_workers_own_metrics(monkeypatch):
             body = metrics.render()[0].decode()
             batches = {w: float(v) for w, v in re.findall(
                 r'^healthbot_worker_inference_batch_size_count\{worker="(cpu#\d)"\} (\S+)$', body, re.M)}
-            if sum(batches.values()) > 0 and len(batches) == 2:
+            if len(batches) == 2 and min(batches.values()) >= 1:  # both workers' latest poll shows their batch
                 break
             await asyncio.sleep(0.05)
-        assert set(batches) == {"cpu#0", "cpu#1"} and sum(batches.values()) >= 2
+        assert set(batches) == {"cpu#0", "cpu#1"} and min(batches.values()) >= 1
         assert re.search(r'^healthbot_worker_process_resident_memory_bytes\{worker="cpu#0"\} \d', body, re.M)
         assert "# TYPE healthbot_worker_inference_batch_size histogram" in body
         assert "healthbot_worker_telegram" not in body and "healthbot_worker_request" not in body
