@@ -229,11 +229,10 @@ AFTERCARE_REPLY: dict[str, str] = {
 # and a bare "肾不好" are not matched.
 MEDICAL_DIET_CONDITIONS: tuple[str, ...] = (
     "肾病|肾脏病|肾功能(?:不全|不好|差|下降|衰竭|减退)|肾不好|肾衰|尿毒症|透析|慢性肾|肌酐(?:高|偏高)|肝硬化|帕金森|"
-    "渐冻症|运动神经元病|吞咽困难|吞咽障碍|呛咳|(?:容易|老是|总是|经常)呛",
+    "渐冻症|运动神经元病|吞咽困难|吞咽障碍",
     r"\bkidney (?:disease|failure|problems?|function)\b|\bckd\b|\brenal (?:disease|failure)\b|\bdialysis\b|"
     r"\bcirrhosis\b|\bparkinson'?s?\b|\bals\b|\bmotor neurone? disease\b|\bdysphagia\b|"
-    r"\b(?:trouble|difficulty|problems?) swallowing\b|\bchok(?:e|es|ing) (?:on|when|while)\b|"
-    r"\bcough(?:s|ing)? (?:when|while) (?:eating|drinking)\b",
+    r"\b(?:trouble|difficulty|problems?) swallowing\b",
 )
 MEDICAL_DIET_EATING: tuple[str, ...] = (
     "吃|饮食|食物|食谱|喝|忌口|营养|蛋白",
@@ -247,14 +246,12 @@ _MEDICAL_DIET_RE = tuple((re.compile(c), re.compile(e)) for c, e in zip(MEDICAL_
 MEDICAL_DIET_REPLY: dict[str, str] = {
     "zh": "肾病、肝硬化、帕金森病、渐冻症或吞咽困难这类情况怎么吃，要按病情轻重、化验结果和正在用的药来定："
           "蛋白质、钾、盐和水吃多少，饭菜要做多软多稠，每个人都不一样，一般的健康饮食建议不一定适合，"
-          "我不想说错误导您。请问给您看这个病的医生，或到医院营养科请营养师制订方案；吃饭常呛咳的，"
-          "也请告诉医生。需要人工帮助请回复“人工”。",
+          "我不想说错误导您。请问给您看这个病的医生，或到医院营养科请营养师制订方案。需要人工帮助请回复“人工”。",
     "en": "How to eat with kidney disease, liver cirrhosis, Parkinson's, motor neurone disease or swallowing "
           "problems depends on the stage, the blood tests and the medicines: the right amount of protein, "
           "potassium, salt or fluid, and how soft food must be, differ from person to person, so general "
           "healthy-eating advice may not fit and I won't guess. Please ask the doctor who treats the condition, "
-          "or a hospital dietitian, for a plan; tell the doctor if eating often makes them cough or choke. "
-          'Reply "human" to talk to a person.',
+          'or a hospital dietitian, for a plan. Reply "human" to talk to a person.',
 }
 
 

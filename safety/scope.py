@@ -202,7 +202,9 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
 
     # ---- report: reading the person's own lab / imaging results --------------------------
     ScopeRule("report", "report_doc_zh", _REPORT_DOC_ZH + "[^,.;!?，。；！？]{0,12}" + _REPORT_CUE_ZH + "|我(?:的|妈的|爸的|家人的)?"
-              + _REPORT_DOC_ZH + "|帮我(?:看|解读)(?:看|一下)?[^,.;!?，。；！？]{0,4}(?:报告|化验|结果|单子)"),
+              + _REPORT_DOC_ZH + "|帮我(?:看|解读)(?:看|一下)?[^,.;!?，。；！？]{0,4}(?:报告|化验|结果|单子)",
+              # "报告上尿酸偏高 饮食注意什么": a diet question the topics answer, not a report reading.
+              unless="饮食|吃什么|吃啥|怎么吃|忌口|平时(?:要)?注意"),
     ScopeRule("report", "lab_value_zh", _LAB_ZH + "[^,.;!?，。；！？]{0,4}" + _NUM +
               "(?!\\s*(?:岁|年|个月|天|次|斤|公斤|kg))",
               unless="多少算正常|正常值是多少|正常范围是多少|怎么降|饮食|吃什么|不能吃"),
@@ -236,7 +238,8 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               unless="维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"),
     ScopeRule("side_effects", "side_effects_en",
               r"\b(?:side effects?|damage (?:my|the|his|her) (?:kidneys?|liver)|bad for (?:my|the|his|her) (?:kidneys?|liver)|"
-              r"addictive|safe long[- ]term)\b", also=DRUG_EN),
+              r"addictive|safe long[- ]term)\b", also=DRUG_EN,
+              unless=r"\bvitamins?\b|\bsupplements?\b|\bfish oil\b|\bcalcium\b|\bfolic\b"),
 
     # ---- signs that need a doctor soon, not home care ---------------------------------
     ScopeRule("see_doctor_soon", "breast_lump_zh",

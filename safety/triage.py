@@ -89,7 +89,8 @@ class RedFlag:
             ``anaphylaxis``, ``bleeding``, ``poisoning``, ``seizure``,
             ``unconscious``, ``infant_fever``, ``severe_headache``, ``gi_bleed``,
             ``pregnancy``, ``hypoglycemia``, ``abdomen``, ``eye``, ``high_bp``,
-            ``fracture``, ``heatstroke``, ``head_injury``, ``crisis``).
+            ``fracture``, ``heatstroke``, ``head_injury``, ``bowel``, ``crisis``; replies
+            also ``choking``, ``gas``, ``nosebleed``, ``mushroom``).
         name: short label, unique within the category.
         patterns: regular expressions over the normalized text; ALL must match
             somewhere in the message (each one not negated) for the flag to fire.
@@ -167,6 +168,12 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("crisis", "bereaved_zh", (
         "(?:走了|去世|过世|没了|不在了|离开我|死了)",
         "(?:跟|和|随)(?:他|她|老伴|老头|孩子)?(?:一起|一块)?(?:去|走)(?:了|算了|吧)?$|去(?:陪|找)(?:他|她|老伴)|随(?:他|她)(?:而)?去"),),
+    RedFlag("crisis", "bereaved_one_clause_zh", (
+        "(?:走了|去世|过世|没了|不在了|离开我|死了)" + G10 + "(?:去(?:陪|找)(?:他|她|老伴)|随(?:他|她)(?:而)?去|"
+        "(?:跟|和|随)(?:他|她|老伴|老头|孩子)(?:一起|一块)?(?:去|走)(?:了|算了|吧)?$)",),),
+    RedFlag("crisis", "bereaved_en", (
+        r"\b(?:died|passed away|passed on|lost my|is gone|was gone)\b",
+        r"\b(?:(?:go|be) (?:and be )?with (?:him|her|them)|join (?:him|her|them)|follow (?:him|her|them))\b"),),
     RedFlag("crisis", "plan_zh", (
         "(?:准备|攒|存|买)(?:好|了)?" + G4 + "(?:药|安眠药|绳子|木炭|炭|刀片)", "结束|了结|死|不想活|离开这个世界")),
     RedFlag("crisis", "self_harm_zh", ("割腕|自残|自伤|伤害自己(?!的?(?:身体|健康|胃|肝))",)),
@@ -202,7 +209,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:心里|心头|心口|胸|心里头)" + G4 + "(?:堵|闷|难受|不舒服|慌|疼|痛)", "冷汗|大汗|虚汗|一身汗|满头汗|直冒汗")),
     RedFlag("heart_attack", "palpitations_sweat_zh", (
         "心慌|心悸|心跳(?:很快|特别快|得厉害|加速|乱)|心脏乱跳",
-        "冷汗|大汗|虚汗|要晕|眼前发黑|晕倒")),
+        "冷汗|大汗|虚汗|要晕|眼前发黑|晕倒"), unless="更年期|潮热|绝经|烘热"),
     RedFlag("heart_attack", "chest_pain_en", (
         r"\bchest\b" + E20 + r"\b(?:pain|pains|hurts?|hurting|ache|aching|pressure|tight|tightness|heavy|heaviness|"
         r"squeez\w*|crush\w*|discomfort|sore)\b|\b(?:pain|pains|pressure|tightness|ache|discomfort|heaviness|squeezing|"
@@ -292,7 +299,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "不能呼吸|没法呼吸|无法呼吸|憋得(?:喘|透|上不来|脸)|气(?:都)?喘不|喘得(?:厉害|说不出|不行|要命|躺不下)|"
         "喘不过来|哮喘(?:发作|犯了|急性发作)",), unless="鼻子堵|鼻塞|鼻子不通"),
     RedFlag("breathing", "orthopnea_zh", (
-        "(?:躺(?:平|下|着)|平躺)" + G4 + "(?:就)?(?:喘|憋|上不来气|透不过气|喘不上气)|(?:垫|枕)(?:两|三|四|好几|几)个?枕头",),),
+        "(?:躺(?:平|下|着)|平躺|枕头)", "喘(?!息)|憋气|憋得|上不来气|透不过气|喘不上气|只能坐着睡"),),
     RedFlag("breathing", "cyanosis_zh", ("(?:嘴唇|嘴|脸|脸色|指甲|手指)" + G2 + "(?:发)?(?:紫|青紫|乌青|发青|青了|发绀|黑紫|发乌)",)),
     RedFlag("breathing", "choking_zh", (
         "(?:噎住|噎着|哽住|卡住|卡在)" + G4 + "(?:喉咙|嗓子|气管|喘|说不出|脸|呼吸)|"
@@ -352,6 +359,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bbleed\w*\b" + E20 + r"\b(?:won'?t|will not|wont|doesn'?t|does not|can'?t|isn'?t) stop|"
         r"\b(?:won'?t|can'?t|cannot|couldn'?t) stop (?:the )?bleed\w*|\bblood\b" + E10 + r"\b(?:spurt\w*|pour\w*|gush\w*|everywhere)|"
         r"\b(?:deep|bad) (?:cut|wound|gash)\b",)),
+    RedFlag("bleeding", "nosebleed_en", (
+        r"\bnose ?bleed\w*\b|\bnose\b" + E10 + r"\bbleed\w*",
+        r"\b(?:won'?t stop|hasn'?t stopped|not stopping|keeps? going|(?:\d+|twenty|thirty|forty) minutes|an hour)\b"),),
     RedFlag("bleeding", "heavy_en", (
         r"\b(?:heavy|heavily|severe|severely|profuse\w*|a lot of|lots of|so much|massive)\s+(?:bleed\w*|blood)|"
         r"\bbleeding (?:heavily|a lot|badly|profusely|everywhere)",),
@@ -483,7 +493,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
 
     # ---- heat stroke ----------------------------------------------------------------------
     RedFlag("heatstroke", "heatstroke_zh", (
-        "中暑|大热天|高温|太阳底下|烈日|地里干活|闷热", "不出汗|浑身滚烫|体温(?:很高|四十|40)|迷糊|糊涂|叫不醒|说胡话|神志不清|抽搐|晕倒|昏倒"),),
+        "中暑|大热天|高温|太阳底下|烈日|地里干活|闷热|晒晕|晒昏|暴晒|工地", "不出汗|滚烫|体温(?:很高|四十|40)|迷糊|糊涂|叫不醒|"
+        "说胡话|神志不清|抽搐|晕倒|昏倒|不(?:太)?答应|没(?:有)?反应"),),
     RedFlag("heatstroke", "heatstroke_en", (
         r"\bheat ?stroke|\b(?:in the heat|hot day|heatwave|in the sun)\b",
         r"\b(?:confus\w*|stopped sweating|not sweating|collaps\w*|unresponsive|fainted|seizure|very hot to the touch)"),),
@@ -497,9 +508,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\b(?:blood thinners?|anticoagulants?|warfarin|apixaban|eliquis|rivaroxaban|xarelto|clopidogrel|aspirin)\b"),),
 
     # ---- vomiting with days of no bowel movement (bowel obstruction) ----------------------
-    RedFlag("abdomen", "obstruction_zh", (
+    RedFlag("bowel", "obstruction_zh", (
         "(?:几|好几|\\d+|[三四五六七八九十]+)天(?:都|了)?没(?:有)?(?:大便|拉屎|解大便|排便|拉|放屁)", "吐|呕"),),
-    RedFlag("abdomen", "obstruction_en", (
+    RedFlag("bowel", "obstruction_en", (
         r"\b(?:hasn'?t|haven'?t|not|no) (?:pooped|had a (?:poo|bowel movement)|been to the toilet|passed (?:stool|wind))",
         r"\b(?:vomit\w*|throwing up|threw up|being sick)\b"),),
 
@@ -516,17 +527,21 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         PREGNANT_ZH,
         "头(?:痛|疼)" + G3 + "(?:厉害|剧烈|要命|受不了|欲裂|难忍)|(?:剧烈|很严重的)头(?:痛|疼)|眼花|眼前(?:发黑|冒金星|闪光|有闪光)|"
         "看东西" + G3 + "(?:模糊|不清|看不清|重影)|视物模糊|视力模糊|(?:阴道|下面)" + G3 + "(?:出血|流血)|见红|破水|"
-        "羊水(?:破|流)|胎动" + G3 + "(?:少了|减少|变少|没了|消失|不动|感觉不到)|(?:肚子|腹部|上腹|胃)" + G3 +
+        "羊水(?:破|流)|(?:一直|不停)(?:往下)?流水|湿了一大片|胎动" + G3 + "(?:少了|减少|变少|没了|消失|不动|感觉不到)|"
+        "(?:没(?:怎么)?|不太|很少)(?:感觉到)?(?:宝宝|孩子|胎儿)(?:在)?动|(?:宝宝|胎儿)(?:不怎么|没怎么|很少)动|(?:肚子|腹部|上腹|胃)" + G3 +
         "(?:剧痛|疼得(?:厉害|受不了)|痛得(?:厉害|受不了))|抽搐"),
         not_before="(?:预防|怎么避免|如何预防)" + G4 + "$"),
     RedFlag("pregnancy", "warning_en", (
         r"\bpregnan\w*|\bweeks? pregnant|\bexpecting a baby|\bmy (?:wife|daughter|partner) is expecting",
         r"\b(?:severe|bad|terrible|pounding|splitting) headache|\bblurr\w* vision|\bvision\b" + E10 +
         r"\b(?:blurr\w*|spots|flash\w*)|\bseeing (?:spots|flashing lights|stars)|\bflashing lights|\bvaginal bleeding|"
-        r"\bbleeding\b|\bwaters? (?:has |have )?broken|\bwaters? broke|\bbaby\b" + E15 +
+        r"\bbleeding\b|\bwaters?\b" + E10 + r"\b(?:broke|broken|breaking)\b|\bbaby\b" + E15 +
         r"\b(?:moving less|not moving|stopped moving|isn'?t moving|hasn'?t moved)|\b(?:fewer|less|reduced) (?:baby )?"
         r"movements|\bsevere (?:tummy|stomach|belly|abdominal) pain|\bfit\b|\bseizure"),
         not_before=r"\b(?:prevent|avoid)\b" + E10 + "$"),
+
+    RedFlag("pregnancy", "waters_en", (r"\b(?:my|her) waters?\b" + E10 + r"\b(?:broke|broken|breaking)\b",),),
+    RedFlag("pregnancy", "waters_zh", ("破水|羊水破了",),),
 
     # ---- low blood sugar now (hypoglycaemia) -----------------------------------------
     RedFlag("hypoglycemia", "low_reading_zh", (
@@ -535,6 +550,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("hypoglycemia", "low_symptoms_zh", (
         "低血糖|血糖" + G3 + "(?:很低|太低|偏低|特别低|低了|掉得|降得)",
         "手抖|发抖|出汗|冒汗|冷汗|心慌|头晕|没力气|迷糊|糊涂|叫不醒|晕倒|眼前发黑"),
+        not_before="(?:预防|怎么避免|如何预防|怎么防)" + G4 + "$"),
+    RedFlag("hypoglycemia", "insulin_symptoms_zh", (
+        "胰岛素|降糖药|降糖针", "冒汗|出汗|冷汗|虚汗|发抖|手抖|心慌|迷糊|糊涂|晕", "现在|突然|刚才|没吃饭|没吃东西|空腹|饿|还没吃"),
         not_before="(?:预防|怎么避免|如何预防|怎么防)" + G4 + "$"),
     RedFlag("hypoglycemia", "low_en", (
         r"\b(?:blood sugar|glucose|bg)\b" + E15 + r"(?<![\d.])(?:[0-2]\.\d|3\.[0-8])(?![\d.])|\bhypo(?:glyc\w*)?\b(?!\s*thyroid)|"
@@ -546,6 +564,10 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("seizure", "febrile_zh", (
         "抽筋|抽过去|抽起来|眼睛?" + G2 + "(?:往上|向上)翻|两眼上翻", FEVER_ZH),
         not_before="(?:腿|脚|小腿|腿肚子|手|手指|脚趾|胃)" + G3 + "$"),
+
+    RedFlag("seizure", "febrile_en", (
+        r"\b(?:jerk\w*|twitch\w*|shaking all over|stiffen\w*|eyes rolled|won'?t respond|not responding|floppy)\b",
+        FEVER_EN + r"|\bburning up\b"),),
 
     # ---- appendicitis signs ------------------------------------------------------------
     RedFlag("abdomen", "right_lower_zh", (
@@ -562,7 +584,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("eye", "flashes_floaters_zh", (
         "(?:黑影|黑点|飞蚊|蚊子|漂浮物|小黑点)", "(?:闪光|闪电|亮光|光点|闪来闪去|帘子|黑帘|幕布|挡住)"),
         not_before="(?:一直|好多年|多年|从小)" + G3 + "$"),
-    RedFlag("eye", "curtain_zh", ("(?:帘子|黑帘|幕布|一块黑|阴影)" + G2 + "(?:挡|遮|盖)", "眼|视线|视野|看东西")),
+    RedFlag("eye", "curtain_zh", ("(?:帘子|黑帘|幕布|黑布|一块黑|阴影)" + G4 + "(?:挡|遮|盖)", "眼|视线|视野|看东西")),
     RedFlag("eye", "flashes_floaters_en", (
         r"\bfloaters?\b|\bspots in (?:my|his|her) vision", r"\bflash\w*|\bcurtain|\bshadow over"),),
     RedFlag("eye", "curtain_en", (r"\b(?:curtain|shadow|veil)\b" + E15 + r"\b(?:over|across|coming down over)\b" + E15 +
@@ -725,9 +747,9 @@ _WHILE_WAITING = {
         "While you wait: note the time the symptoms started (or when the person was last seen well) and tell the crew; "
         "don't give food, drink or medicines; let them lie or sit supported and stay with them."),
     "breathing": (
-        "等待时：让他坐直，松开衣领和腰带，开窗通风。如果是被东西噎住、不能说话也咳不出来，会的人可以用海姆立克急救法（拍背和腹部冲击）。",
-        "While you wait: help them sit upright, loosen tight clothing and let fresh air in. If they are choking and "
-        "cannot cough or speak, give back blows and abdominal thrusts (the Heimlich manoeuvre) if you know how."),
+        "等待时：让他坐直或靠坐，松开衣领和腰带，开窗通风；有医生开的急救喷雾（如哮喘吸入剂）可以按医生教的方法用，不要让他走动。",
+        "While you wait: help them sit upright, loosen tight clothing and let fresh air in; if they have a reliever "
+        "inhaler prescribed for them, they can use it as they were shown; don't let them walk about."),
     "anaphylaxis": (
         "等待时：远离可能的过敏原；如果医生给他开过肾上腺素自动注射笔，按医生教过的方法马上使用。让他躺下并抬高双腿，呼吸困难就坐着，不要突然站起或走动。",
         "While you wait: keep away from the trigger; if they have an adrenaline auto-injector prescribed for them, use "
@@ -798,6 +820,14 @@ _WHILE_WAITING = {
         "Someone on blood thinners who hits their head can bleed inside the skull slowly even if "
         "they seem fine now: they need A&E now. Don't leave them alone, and watch for a worsening headache, "
         "vomiting, drowsiness or confusion."),
+    "bowel": (
+        "等待时：先不要吃东西、喝水，不要吃泻药、止痛药，也不要灌肠；好几天没排便、肚子胀还呕吐，可能是肠梗阻，需要马上去医院急诊。",
+        "While you wait: don't eat or drink, and don't take laxatives or painkillers; days without a bowel movement "
+        "with a swollen tummy and vomiting can be a bowel obstruction, which needs A&E now."),
+    "mushroom": (
+        "等待时：不要自行催吐，也不要等症状自己好；把剩下的菌子（或拍的照片）带给医生看；同桌吃过的人即使没有不舒服，也要一起去医院。",
+        "While you wait: don't make them vomit and don't wait for it to pass; take any leftover mushrooms (or a "
+        "photo) to show the doctors; everyone who ate them should go too, even without symptoms."),
     "abdomen": (
         "等待时：先不要吃东西、喝水，不要吃止痛药，也不要热敷肚子；右下腹越来越疼或伴发烧、呕吐，可能是阑尾炎，需要尽快去医院急诊看外科。",
         "While you wait: don't eat or drink, don't take painkillers and don't put heat on the tummy; pain in the "
@@ -906,6 +936,8 @@ def _reply_category(emergencies: list[str], text: str) -> str:
     category = emergencies[0].split(".")[0]
     if category == "poisoning" and _GAS.search(text):
         return "gas"
+    if category == "poisoning" and any(h.startswith("poisoning.mushroom") for h in emergencies):
+        return "mushroom"
     if category == "poisoning" and _GLUCOSE_LOWERING.search(text):
         return "hypoglycemia"  # too much of a diabetes medicine: sugar first, not "nothing by mouth"
     if category == "bleeding" and _NOSE.search(text):

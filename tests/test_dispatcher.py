@@ -89,7 +89,6 @@ async def test_aftercare_question_sends_the_user_to_the_treating_team(dispatcher
     ("my dad has kidney problems, what food is good for him?", "en", ("dietitian", "protein")),
     ("肾不好的老人饮食要注意什么", "zh", ("营养科", "医生")),
     ("家里老人得了渐冻症 吃饭要注意什么", "zh", ("多软多稠", "营养科")),
-    ("老人吃饭容易呛咳怎么办", "zh", ("呛咳", "医生")),
     ("my mother has trouble swallowing, what foods are best", "en", ("how soft", "dietitian")),
     ("my dad has chronic kidney disease, can he eat bananas", "en", ("potassium", "dietitian")),
 ])

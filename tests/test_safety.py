@@ -404,7 +404,7 @@ def test_animal_bites_get_washing_and_a_same_day_rabies_assessment(q, words):
     ("老人在厕所摔了 大腿根疼 站不起来", "zh", "fracture", ("不要硬扶他起来",)),
     ("高温天在外面干活 人突然迷糊了 身上滚烫不出汗", "zh", "heatstroke", ("阴凉",)),
     ("my dad is on warfarin and fell and hit his head this morning", "en", "head_injury", ("A&E", "alone")),
-    ("老人五天没大便 肚子胀 今天吐了两次", "zh", "abdomen", ("不要吃止痛药",)),
+    ("老人五天没大便 肚子胀 今天吐了两次", "zh", "bowel", ("肠梗阻",)),
     ("吃了自己采的野蘑菇 现在又吐又拉", "zh", "poisoning", ("不要自行催吐",)),
     ("我妈一躺下就喘不上气 得坐着睡", "zh", "breathing", ("坐直",)),
     ("我爸早上把降糖药吃了两遍", "zh", "poisoning", ("含糖",)),  # a diabetes medicine overdose: sugar first
