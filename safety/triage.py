@@ -527,7 +527,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         PREGNANT_ZH,
         "头(?:痛|疼)" + G3 + "(?:厉害|剧烈|要命|受不了|欲裂|难忍)|(?:剧烈|很严重的)头(?:痛|疼)|眼花|眼前(?:发黑|冒金星|闪光|有闪光)|"
         "看东西" + G3 + "(?:模糊|不清|看不清|重影)|视物模糊|视力模糊|(?:阴道|下面)" + G3 + "(?:出血|流血)|见红|破水|"
-        "羊水(?:破|流)|(?:一直|不停)(?:往下)?流水|湿了一大片|胎动" + G3 + "(?:少了|减少|变少|没了|消失|不动|感觉不到)|"
+        "羊水(?:破|流)|(?:一直|不停)(?:往下)?流水|湿了一大片|流出" + G3 + "水|(?:下面|阴道)" + G4 + "(?:流水|出水)|胎动" + G3 + "(?:少了|减少|变少|没了|消失|不动|感觉不到)|"
         "(?:没(?:怎么)?|不太|很少)(?:感觉到)?(?:宝宝|孩子|胎儿)(?:在)?动|(?:宝宝|胎儿)(?:不怎么|没怎么|很少)动|(?:肚子|腹部|上腹|胃)" + G3 +
         "(?:剧痛|疼得(?:厉害|受不了)|痛得(?:厉害|受不了))|抽搐"),
         not_before="(?:预防|怎么避免|如何预防)" + G4 + "$"),
@@ -535,12 +535,12 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\bpregnan\w*|\bweeks? pregnant|\bexpecting a baby|\bmy (?:wife|daughter|partner) is expecting",
         r"\b(?:severe|bad|terrible|pounding|splitting) headache|\bblurr\w* vision|\bvision\b" + E10 +
         r"\b(?:blurr\w*|spots|flash\w*)|\bseeing (?:spots|flashing lights|stars)|\bflashing lights|\bvaginal bleeding|"
-        r"\bbleeding\b|\bwaters?\b" + E10 + r"\b(?:broke|broken|breaking)\b|\bbaby\b" + E15 +
+        r"\bbleeding\b|\bwaters?\b" + E20 + r"\b(?:broke|broken|breaking)\b|\bbaby\b" + E15 +
         r"\b(?:moving less|not moving|stopped moving|isn'?t moving|hasn'?t moved)|\b(?:fewer|less|reduced) (?:baby )?"
         r"movements|\bsevere (?:tummy|stomach|belly|abdominal) pain|\bfit\b|\bseizure"),
         not_before=r"\b(?:prevent|avoid)\b" + E10 + "$"),
 
-    RedFlag("pregnancy", "waters_en", (r"\b(?:my|her) waters?\b" + E10 + r"\b(?:broke|broken|breaking)\b",),),
+    RedFlag("pregnancy", "waters_en", (r"\b(?:my|her) waters?\b" + E20 + r"\b(?:broke|broken|breaking)\b",),),
     RedFlag("pregnancy", "waters_zh", ("破水|羊水破了",),),
 
     # ---- low blood sugar now (hypoglycaemia) -----------------------------------------
