@@ -131,6 +131,7 @@ OFF_TOPIC_PATTERNS: tuple[str, ...] = (
     r"天气(?:怎么样|如何|好不好|预报|热不热|冷不冷)|气温多少|几度|下雨吗|会下雨|下雪吗|几级风|雾霾指数|下雨不|下不下雨|下雪不|"
     r"(?:猫|狗|猫咪|狗狗|宠物|鹦鹉|仓鼠|兔子)(?:不吃|不爱吃|拉稀|拉肚子|生病|呕吐|吐了|掉毛|发烧|咳嗽|打喷嚏|"
     r"(?:天天|老是|总是|晚上|半夜)?(?:叫|吵|乱叫|拉屎|乱拉|掉毛))|"
+    r"(?:猫|狗|猫咪|狗狗)[^,.;!?，。；！？咬抓挠]{0,10}(?:拉屎|乱拉|随地大小便|乱叫|叫个不停|一直叫|汪汪叫)|"
     r"(?:微信|手机|电脑|平板|电视)(?:的|上|里)?(?:字体|字|声音|铃声|内存|设置|屏幕|截屏|截图|密码|网)|截屏|截图|字体(?:太小|调大|放大)",
     r"股票|股市|炒股|基金|(?<![a-z])a股|大盘|涨停|跌停|比特币|虚拟币|理财|汇率|黄金价格|油价|房价|利率",
     r"彩票|双色球|大乐透|福彩|体彩|中奖号码|开奖",
@@ -168,6 +169,7 @@ HEALTH_WORDS: tuple[str, ...] = (
     r"脸上|手上|脚上|腿|胳膊|后背|指甲|便|尿|体温|感染|保暖|着凉|受凉|冻疮|痱子|玩手机|看手机|刷手机|屏幕|用眼|"
     r"水土不服|多久合适|危害|好处|坏处|有害|洗手|肩|背(?!景|包|书|单词|后)|酸(?!菜|奶|梅)|梗|中风|癌|瘤|空调|冷气|暖气|熬(?!汤|粥|药|中药)|戒|太久|姿势|坐姿|趴着|驼背|看多久|玩多久",
     r"\bhealth|\bwellness|\bpain\b|\bache|\bhurt|\bsick\b|\bill\b|\bdisease|\bdoctor|\bmedic|\bpills?\b|\bdrugs?\b|"
+    r"\bscreen time|\bhours? (?:a|per|each) day on (?:my|his|her|the) phone|\bphone addict\w*|\baddicted to (?:my|the) phone|"
     r"\bblood\b|\bheart\b|\bstomach|\bsleep|\binsomnia|\btired|\bfatigue|\bdiet\b|\bweight\b|\bcalorie|\bexercise|"
     r"\bworkout|\bwalk(?:ing)?\b|\bnutrition|\bvitamin|\bprotein|\bsalt\b|\bsugar\b|\bsodium|\bfat\b|\bcholesterol|"
     r"\bcough|\bcold\b|\bflu\b|\bfever|\ballerg|\bskin\b|\beyes?\b|\bteeth|\btooth|\bbreath|\bpregnan|\bperiod\b|"

@@ -132,3 +132,10 @@ def test_every_offer_of_a_person_in_the_bots_texts_can_be_dropped():
         dropped = drop_handoff_offer(t)
         assert not _offers_a_person(dropped), t
         assert dropped and dropped[-1] in "。.！!）)" and len(dropped) > len(t) // 2, dropped
+
+
+@pytest.mark.parametrize("text, off_topic", [("I spend 6 hours a day on my phone, how do I cut down", False),
+                                             ("微信字体太小了 咋调大", True), ("my phone battery dies fast", True),
+                                             ("邻居家的猫老是在我家院子里拉屎", True), ("养狗对老人身体好吗", False)])
+def test_phones_and_pets_are_off_topic_unless_about_the_persons_health(text, off_topic):
+    assert (rule_intent(normalize(text)) is Intent.OUT_OF_SCOPE) is off_topic
