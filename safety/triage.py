@@ -89,7 +89,9 @@ class RedFlag:
             ``anaphylaxis``, ``bleeding``, ``poisoning``, ``seizure``,
             ``unconscious``, ``infant_fever``, ``severe_headache``, ``gi_bleed``,
             ``pregnancy``, ``hypoglycemia``, ``abdomen``, ``eye``, ``high_bp``,
-            ``fracture``, ``heatstroke``, ``head_injury``, ``bowel``, ``crisis``; replies
+            ``fracture``, ``heatstroke``, ``head_injury``, ``bowel``, ``burn``, ``drowning``,
+            ``electric``, ``sepsis``, ``dehydration``, ``torsion``, ``hyperglycemia``,
+            ``swallowed``, ``crisis``; replies
             also ``choking``, ``gas``, ``nosebleed``, ``mushroom``).
         name: short label, unique within the category.
         patterns: regular expressions over the normalized text; ALL must match
@@ -164,7 +166,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:想|准备|打算)(?:去)?(?:跳楼|跳河|跳江|上吊|喝农药|卧轨|死(?![你他她它人]))|要(?:去)?(?:跳楼|跳河|跳江|上吊|卧轨)|(?:想|要|准备|打算)" + G6 + "跳下去|"
         "活够了|(?:想|要)?(?:结束|了结)(?:这一切|一切)|结束(?:自己的?)?生命|了结(?:自己|生命|此生)|"
         "不想(?:再)?醒(?:来|过来)|没有活下去|撑不下去了|想(?:要)?解脱|遗书|遗言|活着(?:还)?有什么(?:意思|意义|用)|"
-        "(?:想|要)离开这个世界|没有我" + G4 + "(?:更好|轻松)",)),
+        "(?:想|要)离开这个世界|没有我" + G4 + "(?:更好|轻松)|不想(?:再)?拖累(?:家里|家人|你们|孩子|大家|儿女)",)),
     RedFlag("crisis", "bereaved_zh", (
         "(?:走了|去世|过世|没了|不在了|离开我|死了)",
         "(?:跟|和|随)(?:他|她|老伴|老头|孩子)?(?:一起|一块)?(?:去|走)(?:了|算了|吧)?$|去(?:陪|找)(?:他|她|老伴)|随(?:他|她)(?:而)?去"),),
@@ -175,7 +177,8 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\b(?:died|passed away|passed on|lost my|is gone|was gone)\b",
         r"\b(?:(?:go|be) (?:and be )?with (?:him|her|them)|join (?:him|her|them)|follow (?:him|her|them))\b"),),
     RedFlag("crisis", "plan_zh", (
-        "(?:准备|攒|存|买)(?:好|了)?" + G4 + "(?:药|安眠药|绳子|木炭|炭|刀片)", "结束|了结|死|不想活|离开这个世界")),
+        "(?:准备|攒|存|买)(?:好|了)?" + G4 + "(?:药|安眠药|绳子|木炭|炭|刀片)|(?:药|安眠药)" + G3 + "(?:攒|存|准备)(?:好|够)",
+        "结束|了结|死|不想活|离开这个世界|拖累|解脱|不想再|活着没")),
     RedFlag("crisis", "self_harm_zh", ("割腕|自残|自伤|伤害自己(?!的?(?:身体|健康|胃|肝))",)),
     RedFlag("crisis", "cut_self_zh", ("(?:割|划|烫)(?:伤|破)?(?:了)?(?:自己|手腕)(?!的?(?:身体|健康))",),
             not_before="(?:小心|切菜|做饭|削|刮)" + G3 + "$"),
@@ -208,13 +211,13 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("heart_attack", "discomfort_sweat_zh", (
         "(?:心里|心头|心口|胸|心里头)" + G4 + "(?:堵|闷|难受|不舒服|慌|疼|痛)", "冷汗|大汗|虚汗|一身汗|满头汗|直冒汗")),
     RedFlag("heart_attack", "palpitations_sweat_zh", (
-        "心慌|心悸|心跳(?:很快|特别快|得厉害|加速|乱)|心脏乱跳",
-        "冷汗|大汗|虚汗|要晕|眼前发黑|晕倒"), unless="更年期|潮热|绝经|烘热"),
+        "心慌|心悸|心跳(?:很快|特别快|得厉害|加速|乱)|心跳得(?:特别|很|非常)?快|心脏乱跳",
+        "冷汗|大汗|虚汗|要晕|快晕|眼前发黑|晕倒"), unless="更年期|潮热|绝经|烘热"),
     RedFlag("heart_attack", "chest_pain_en", (
         r"\bchest\b" + E20 + r"\b(?:pain|pains|hurts?|hurting|ache|aching|pressure|tight|tightness|heavy|heaviness|"
         r"squeez\w*|crush\w*|discomfort|sore)\b|\b(?:pain|pains|pressure|tightness|ache|discomfort|heaviness|squeezing|"
         r"crushing)\s+(?:in|on|across|around)\s+" + PERSON_EN + r"?\s*chest|\b(?:clutch\w*|holding|grabbing|grabbed)\s+"
-        r"(?:at\s+)?(?:his|her|my|their) chest|\b(?:elephant|weight|brick)\b" + E15 + r"\bchest",),
+        r"(?:at\s+)?(?:his|her|my|their) chest|\b(?:elephant|weight|brick)\b" + E25 + r"\bchest",),
         unless=r"\bbreast|\bperiod\b|menstrua|\bcough"),
     RedFlag("heart_attack", "radiating_en", (
         r"\b(?:pain|ache|numbness|tightness)\b" + E25 + r"\b(?:spread\w*|radiat\w*|going|moving|shoot\w*|travel\w*)"
@@ -243,7 +246,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "(?:说话|讲话|口齿|吐字|舌头|言语)" + G3 + "(?:不清|含糊|含混|不利索|不利落|费劲|打结|大舌头|僵|发硬|不灵)|"
         "说不出话|大舌头|答非所问|话都说不(?:出|清)|不会说话了|" + SUDDEN_ZH + G4 + "听不懂|舌头" + G3 +
         "(?:捋不直|不听使唤|转不过来|打卷)|讲不(?:到|出|清)(?:嘢|话)|"
-        "听不懂(?:人|别人|我们|我|家人|大家)(?:说话|讲话|说的话|的话)",),
+        "听不懂(?:人|别人|我们|我|家人|大家)(?:说话|讲话|说的话|的话)|讲嘢" + G3 + "(?:不清|含糊|口齿)",),
         unless="(?:嗓子|喉咙|咽|声音)" + G3 + "(?:哑|沙哑|疼|痛|发炎)|哑了|失声|^(?!.*突然).*(?:孩子|宝宝|小孩|儿童|娃|幼儿|[1-6一二两三四五六]岁)"),
     RedFlag("stroke", "confusion_zh", (
         SUDDEN_ZH + G4 + "(?:不认人|认不出人|认不得人|糊涂|说胡话|胡言乱语|神志不清|意识模糊|颠三倒四|答非所问|迷糊)",)),
@@ -458,7 +461,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
 
     # ---- vomiting blood, black tarry stools ------------------------------------------
     RedFlag("gi_bleed", "vomit_blood_zh", (
-        "(?:吐|呕)(?:了|出)?" + G4 + BLOOD_ZH + "|呕血|咯血|咳(?:了|出)?" + G3 + BLOOD_ZH + "|咖啡(?:渣|色)样?" + G4 + "(?:呕吐|吐|东西)|"
+        "(?:吐|呕)(?:了|出)?" + G6 + BLOOD_ZH + "|呕血|咯血|咳(?:了|出)?" + G3 + BLOOD_ZH + "|咖啡(?:渣|色)样?" + G4 + "(?:呕吐|吐|东西)|"
         "(?:呕吐物|吐的东西)" + G4 + "(?:血|咖啡|黑)|(?:吐|呕)" + G8 + "咖啡(?:渣|色)|(?:大便|便)" + G4 + "(?:很多|大量|全是|都是|一大滩|一马桶)" + G2 + "血|"
         "拉(?:了)?" + G3 + "(?:很多|好多|大量|一马桶|全是)(?:的)?血|便血" + G4 + "(?:很多|不止|止不住|大量)|柏油(?:样|色|便)",),
         not_before="(?:气|急|累|笑|贵|坑|亏)(?:得|到|的)" + G2 + "$"),
@@ -521,12 +524,96 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("poisoning", "mushroom_en", (r"\b(?:wild )?mushrooms?\b", r"\b(?:hallucinat\w*|vomit\w*|throwing up|diarrh\w*|"
                                                                       r"cramps|confus\w*)"),),
 
+    # ---- fourth probe round ----------------------------------------------------------------
+    RedFlag("poisoning", "methanol_zh", ("散装酒|假酒|来路不明的酒|自酿的?酒|工业酒精|甲醇", "看不清|模糊|眼花|头(?:疼|痛)|吐|迷糊|瞎"),),
+    RedFlag("poisoning", "household_en", (
+        r"\b(?:dishwasher|detergent|laundry|washing|cleaning)\b" + E15 + r"\b(?:tablets?|pods?|capsules?|liquid|powder)\b|\bbleach\b",
+        r"\b(?:swallow\w*|ate|eaten|drank|drunk|got into|foam\w*|chew\w*)\b"),),
+    RedFlag("poisoning", "co_en", (
+        r"\b(?:gas heater|heater|boiler|stove|charcoal|generator|gas fire)\b", r"\b(?:headaches?|dizz\w*|feel\w* sick|nause\w*|drowsy)\b",
+        r"\b(?:whole family|all of us|everyone|both of us|we all|all night|the kids)\b"),),
+    # Large burns and scalds (NHS "Burns and scalds": cool with running water, cover, A&E).
+    RedFlag("burn", "large_zh", (
+        "烧伤|烫伤|烫了|烧着|被开水|被热油|着火",
+        "大片|一大片|半个身子|半身|全身|整个(?:胸口|肚子|后背|背|腿|胳膊)|胸口|肚子|脸上|脸都|皮(?:都)?(?:黑|焦|白)|焦了|起了一大片"),
+        unless="晒伤|防晒|怎么预防"),
+    RedFlag("burn", "large_en", (
+        r"\b(?:burn\w*|scald\w*)\b|\bboiling (?:water|oil|soup)|\bhot (?:oil|water|soup)\b",
+        r"\b(?:large|big|huge|whole|most of|all over|from (?:his|her|my) neck|chest|face|charred|black(?:ened)?|white and leathery)\b"),
+        unless=r"\bsunburn|\bheartburn|\bcalories|\bburning up\b"),
+    # Obvious fractures.
+    RedFlag("fracture", "deformed_zh", (
+        "骨头" + G4 + "(?:露|戳|刺|穿)(?:出|了出)|(?:腿|胳膊|手臂|手腕|脚踝|小腿|大腿)" + G4 +
+        "(?:弯成|歪成|变形|折了|断了|反着|往外拐|不对劲地弯)|(?:脚|手|腿)(?:发紫|冰凉|发凉)" + G4 + "(?:压|碾|轧)|(?:压|碾|轧)" + G6 + "(?:发紫|冰凉|冰冷)",),),
+    RedFlag("fracture", "crushed_zh", ("(?:压|碾|轧|砸)(?:了|伤|到|住)", "冰凉|冰冷|发紫|发黑|没知觉|肿得"),),
+    RedFlag("fracture", "deformed_en", (
+        r"\bbone\b" + E15 + r"\b(?:sticking|poking) (?:out|through)|\b(?:bent|twisted) at (?:a|an) (?:weird|odd|funny|strange|wrong) angle|"
+        r"\bopen fracture|\bbroken (?:leg|arm|wrist|ankle|hip)\b",),),
+    # Head injury with warning signs (NICE NG232 / NHS "Head injury": A&E).
+    RedFlag("head_injury", "warning_zh", (
+        "(?:磕|撞|摔|碰|砸)" + G6 + "(?:头|脑袋|后脑|额头)|(?:头|脑袋|后脑|额头)" + G3 + "(?:磕|撞|摔|碰|砸)",
+        "吐|呕|想睡|老想睡|嗜睡|叫不醒|迷糊|糊涂|记不(?:起|得|清)|忘了刚才|耳朵(?:里)?流|鼻子(?:里)?流(?:清)?水|抽|昏过去|晕过去"),),
+    RedFlag("head_injury", "warning_en", (
+        r"\b(?:hit|bumped|banged|knocked|hurt)\b" + E15 + r"\bhead\b|\bhead (?:injury|injured)\b|\bfell\b" + E20 + r"\bhead\b",
+        r"\b(?:vomit\w*|threw up|throwing up|sleepy|drowsy|confus\w*|can'?t remember|won'?t wake|clear fluid|fit|seizure)\b"),),
+    # Near-drowning and electric shock: hospital even if they seem fine.
+    RedFlag("drowning", "drowning_zh", ("溺水|落水|呛水" + G8 + "捞|(?:河|水|池塘|水缸|水库|湖)里" + G6 + "捞(?:上来|起来|出来)|掉(?:进|到)?(?:了)?" + G3 + "(?:河|水缸|水里|池塘|水塘|水库|泳池|湖)|从(?:水|河|池)" + G4 + "(?:捞|拉|救)",),),
+    RedFlag("drowning", "drowning_en", (r"\bdrown\w*|\bpulled\b" + E20 + r"\b(?:out of|from) (?:the )?(?:water|river|pool|lake|pond|sea|bath)",),),
+    RedFlag("electric", "electric_zh", ("触电|电击|被电(?:到|打|击|了)|电(?:到|打)了|摸到(?:电线|插座|电门)|插座" + G4 + "电",),
+            unless="静电"),
+    RedFlag("electric", "electric_en", (r"\belectric(?:al)? shock|\belectrocut\w*|\b(?:touched|grabbed)\b" + E15 + r"\b(?:power ?line|live wire|cable)|"
+                                        r"\bshocked by (?:a|the) (?:socket|outlet|wire)",), unless=r"\bstatic"),
+    # Severe infection (sepsis) and meningitis signs (NHS "Sepsis", "Meningitis").
+    RedFlag("sepsis", "sepsis_zh", (
+        "发烧|发热|高烧|烧到|3[89]度|40度|体温", "(?:手脚|手|脚)(?:冰凉|冰冷|发凉|发紫|花花的)|皮肤发花|尿(?:很少|没有|不出)|一天没尿|寒战|打摆子",
+        "迷糊|糊涂|说胡话|反应慢|叫不醒|不太答应|呼吸(?:很|特别)?快|喘"),),
+    RedFlag("sepsis", "sepsis_en", (
+        FEVER_EN, r"\b(?:cold|blue|mottled|blotchy) (?:hands|feet|skin)|\b(?:hands|feet)\b" + E10 + r"\b(?:ice[- ]cold|cold|blue|mottled)\b|"
+        r"\bno (?:wee|pee|urine)|\bhasn'?t (?:peed|weed)",
+        r"\b(?:confus\w*|not making sense|drowsy|breathing (?:fast|quickly)|fast breathing|slurr\w*)"),),
+    RedFlag("sepsis", "wound_zh", ("伤口|口子|疮", "发黑|发臭|化脓|流脓|红肿|烂", "发烧|发热|高烧|说胡话|迷糊|糊涂|寒战"),),
+    RedFlag("sepsis", "purple_rash_zh", (
+        "(?:紫|红|暗红)(?:色)?(?:的)?(?:小)?(?:点|斑|疹|点点)", "按(?:了|着|一下)?(?:也)?(?:不(?:褪|消|退|变)|还在)|压(?:了)?(?:也)?不(?:褪|消)"),),
+    RedFlag("sepsis", "purple_rash_en", (r"\b(?:rash|spots)\b", r"\b(?:doesn'?t|does not|won'?t|didn'?t) fade|\bglass test"),),
+    RedFlag("severe_headache", "neck_fever_more_zh", (
+        "(?:脖子|颈部|颈|后颈)" + G3 + "(?:发硬|硬|僵|梗|转不动|不能弯|低不下)", "烧到|3[89]度|40度|体温|发烧|发热|高烧"),),
+    # Dehydration in the very old and the very young.
+    RedFlag("dehydration", "dehydration_zh", (
+        "拉|吐|腹泻|泻", "不喝水|喝不进|喝不下|没(?:有)?尿|尿很少|尿不湿" + G6 + "(?:干|没湿)|没眼泪|哭没(?:有)?眼泪|囟门(?:凹|塌)",
+        "迷糊|糊涂|没精神|蔫|软|叫不醒|嗜睡|说胡话|反应慢|不认人"),),
+    RedFlag("dehydration", "dehydration_en", (
+        r"\b(?:diarrh\w*|vomit\w*|throwing up|being sick|the runs|loose (?:stools|poo))\b",
+        r"\b(?:not drinking|barely drinking|hardly drinking|won'?t drink|no (?:wet )?nappies|dry nappies|no tears|no wee)\b",
+        r"\b(?:confus\w*|drowsy|floppy|limp|disoriented|not responding)\b"),),
+    # Sudden testicular pain (torsion): surgery within hours.
+    RedFlag("torsion", "torsion_zh", ("睾丸|蛋蛋|阴囊|下面的蛋", "突然|剧痛|疼得(?:厉害|受不了|直哭)|痛得(?:厉害|受不了)|吐|肿"),),
+    RedFlag("torsion", "torsion_en", (r"\b(?:testic\w*|testes|scrotum|balls?)\b", r"\b(?:sudden\w*|severe|agony|vomit\w*|swollen)\b"),),
+    # Severe abdominal pain; tearing pain into the back.
+    RedFlag("abdomen", "severe_zh", (
+        "(?:疼|痛)得" + G4 + "打滚|(?:肚子|肚皮|腹部)" + G4 + "(?:硬得像|硬邦邦|像木板|板一样硬)|撕(?:裂|开)(?:样|一样|般|似的)?(?:的)?(?:疼|痛)|"
+        "像撕(?:裂|开)" + G4 + "(?:疼|痛)|刀割(?:样|一样)(?:的)?(?:疼|痛)",),
+        unless="经期|月经|例假|大姨妈|生理期|来事|痛经"),
+    RedFlag("abdomen", "severe_en", (r"\b(?:rolling around|doubled over) in (?:pain|agony)|\bbelly\b" + E15 + r"\bhard as (?:a )?board|"
+                                     r"\btearing pain|\bripping pain",),),
+    # High blood sugar with symptoms (diabetic ketoacidosis signs).
+    RedFlag("hyperglycemia", "high_zh", (
+        "血糖" + G6 + "(?:hi|测不出|爆表|(?<![\\d.])(?:2\\d|3\\d)(?![\\d.])|二十多|三十)",
+        "迷糊|嗜睡|叫不醒|烂苹果|呼吸(?:很|特别)?(?:深|快)|吐|口渴得厉害"),),
+    RedFlag("hyperglycemia", "high_en", (r"\b(?:blood sugar|glucose|meter)\b" + E15 + r"\b(?:hi|high|2\d|3\d)\b",
+                                         r"\b(?:drowsy|confus\w*|fruity|pear drops|vomit\w*|breathing (?:deep|fast))"),),
+    # Swallowed button batteries or magnets.
+    RedFlag("swallowed", "battery_magnet_zh", ("(?:吞|吃|咽)" + G6 + "(?:纽扣电池|电池|磁珠|磁铁|吸铁石|磁力珠)",),),
+    RedFlag("swallowed", "battery_magnet_en", (r"\bswallow\w*\b" + E20 + r"\b(?:button )?batter(?:y|ies)|\bswallow\w*\b" + E20 + r"\bmagnet\w*",),),
+    # Choking without a sound.
+    RedFlag("breathing", "choking_silent_zh", ("卡|噎|呛|果冻|糖|花生", "(?:抓|捂|掐)着?(?:脖子|喉咙|嗓子)|不出声|发不出声|说不出话"),),
+
     # ---- pregnancy warning signs (pre-eclampsia, bleeding, waters, baby moving less) -------
     # NHS "Pre-eclampsia" and "Urgent advice in pregnancy"; 国家卫健委孕产期保健: go now.
     RedFlag("pregnancy", "warning_zh", (
         PREGNANT_ZH,
         "头(?:痛|疼)" + G3 + "(?:厉害|剧烈|要命|受不了|欲裂|难忍)|(?:剧烈|很严重的)头(?:痛|疼)|眼花|眼前(?:发黑|冒金星|闪光|有闪光)|"
-        "看东西" + G3 + "(?:模糊|不清|看不清|重影)|视物模糊|视力模糊|(?:阴道|下面)" + G3 + "(?:出血|流血)|见红|破水|"
+        "看东西" + G3 + "(?:模糊|不清|看不清|重影)|视物模糊|视力模糊|(?:阴道|下面)" + G3 + "(?:出血|流血)|"
+        "(?:出|流)了?(?:好多|很多|一大摊|不少)(?:的)?血|见红|破水|"
         "羊水(?:破|流)|(?:一直|不停)(?:往下)?流水|湿了一大片|流出" + G3 + "水|(?:下面|阴道)" + G4 + "(?:流水|出水)|胎动" + G3 + "(?:少了|减少|变少|没了|消失|不动|感觉不到)|"
         "(?:没(?:怎么)?|不太|很少)(?:感觉到)?(?:宝宝|孩子|胎儿)(?:在)?动|(?:宝宝|胎儿)(?:不怎么|没怎么|很少)动|(?:肚子|腹部|上腹|胃)" + G3 +
         "(?:剧痛|疼得(?:厉害|受不了)|痛得(?:厉害|受不了))|抽搐"),
@@ -554,6 +641,11 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("hypoglycemia", "insulin_symptoms_zh", (
         "胰岛素|降糖药|降糖针", "冒汗|出汗|冷汗|虚汗|发抖|手抖|心慌|迷糊|糊涂|晕", "现在|突然|刚才|没吃饭|没吃东西|空腹|饿|还没吃"),
         not_before="(?:预防|怎么避免|如何预防|怎么防)" + G4 + "$"),
+    RedFlag("hypoglycemia", "diabetic_symptoms_zh", (
+        "糖尿病|打胰岛素|降糖", "冒汗|出汗|冷汗|虚汗|发抖|手抖", "迷糊|糊涂|说胡话|叫不醒|不认人|答非所问"),),
+    RedFlag("hypoglycemia", "diabetic_symptoms_en", (
+        r"\bdiabet\w*|\binsulin\b", r"\b(?:sweat\w*|shak\w*|trembl\w*|clammy)\b",
+        r"\b(?:confus\w*|nonsense|drowsy|not making sense|acting (?:strange\w*|odd\w*|weird\w*)|slurr\w*)\b"),),
     RedFlag("hypoglycemia", "low_en", (
         r"\b(?:blood sugar|glucose|bg)\b" + E15 + r"(?<![\d.])(?:[0-2]\.\d|3\.[0-8])(?![\d.])|\bhypo(?:glyc\w*)?\b(?!\s*thyroid)|"
         r"\blow blood sugar",
@@ -571,10 +663,10 @@ RED_FLAGS: tuple[RedFlag, ...] = (
 
     # ---- appendicitis signs ------------------------------------------------------------
     RedFlag("abdomen", "right_lower_zh", (
-        "右下(?:腹|肚子|边肚子|侧肚子|方)",
+        "右下(?:腹|肚子|边肚子|侧肚子|方|边|侧)",
         "越来越(?:疼|痛|厉害)|发烧|发热|疼得(?:厉害|受不了|走不了|直不起)|痛得(?:厉害|受不了)|按(?:着|一下)?" + G2 + "(?:疼|痛)|"
-        "剧烈|吐了|呕吐"),
-        unless="经期|月经|例假|大姨妈|生理期"),
+        "剧烈|剧痛|吐了|呕吐|还吐"),
+        unless="经期|月经期|来月经的时候|例假的时候|大姨妈的时候|生理期"),
     RedFlag("abdomen", "right_lower_en", (
         r"\b(?:lower right|right lower|bottom right|right side of (?:my|his|her|the) (?:lower )?(?:belly|abdomen|tummy|stomach))",
         r"\b(?:getting worse|worse and worse|fever|temperature|vomit\w*|severe|can'?t walk|excruciating)"),
@@ -815,11 +907,53 @@ _WHILE_WAITING = {
         "them; if they are alert and can swallow, give small sips of cool water; if not, give nothing and lay them "
         "on their side."),
     "head_injury": (
-        "吃抗凝药等“稀释血液”药物的人头部受伤后，即使现在看着没事，也可能慢慢出现颅内出血，需要马上去急诊检查；"
-        "路上和之后都不要让他一个人待着，留意有没有头痛加重、呕吐、嗜睡或说话不清。",
-        "Someone on blood thinners who hits their head can bleed inside the skull slowly even if "
-        "they seem fine now: they need A&E now. Don't leave them alone, and watch for a worsening headache, "
+        "头部受伤后呕吐、老想睡、迷糊、记不起事、耳朵或鼻子流血或流清水，或者在吃抗凝等“稀释血液”的药（即使现在看着没事），"
+        "都可能有颅内出血，需要马上去急诊；不要让他一个人待着，不要给他吃止痛药或安眠药，留意头痛加重、呕吐、嗜睡或说话不清。",
+        "After a head injury, vomiting, drowsiness, confusion, memory loss, blood or clear fluid from the ears or "
+        "nose, or taking blood thinners (even if they seem fine) can mean bleeding inside the skull: they need A&E "
+        "now. Don't leave them alone, give no painkillers or sleeping pills, and watch for a worsening headache, "
         "vomiting, drowsiness or confusion."),
+    "burn": (
+        "等待时：马上用凉的流动自来水冲洗烧烫伤处约20分钟（不要用冰或冰水），取下附近的戒指手表（粘在皮肤上的衣物不要硬撕）；"
+        "不要抹牙膏、酱油、香油或偏方，不要挑破水泡；冲完用干净的保鲜膜或湿布松松盖住，注意给身体其他部位保暖。",
+        "While you wait: cool the burn under cool running water for about 20 minutes (no ice), take off nearby "
+        "rings or watches but not clothing stuck to the skin; put nothing on it (no toothpaste, butter or creams) "
+        "and don't burst blisters; then cover it loosely with cling film or a clean damp cloth and keep the person warm."),
+    "drowning": (
+        "等待时：如果他没有正常呼吸，马上按急救电话里调度员的指导做心肺复苏；有呼吸的脱掉湿衣服、保暖，让他侧躺。"
+        "从水里救上来的人即使现在看着没事，也要去医院检查，几个小时后才可能出现呼吸问题。",
+        "While you wait: if they are not breathing normally, start CPR as the call handler tells you; if they are "
+        "breathing, remove wet clothes, keep them warm and lay them on their side. Anyone pulled from the water "
+        "needs a hospital check even if they seem fine: breathing problems can come hours later."),
+    "electric": (
+        "先切断电源（拉闸、拔插头），在断电前不要直接用手碰他；如果他没有正常呼吸，按急救电话里调度员的指导做心肺复苏。"
+        "触电的人即使现在醒着、看着没事，也要去医院检查心脏和烧伤。",
+        "First switch off the power at the mains or unplug it, and don't touch them until it is off; if they are "
+        "not breathing normally, start CPR as the call handler tells you. Anyone who had an electric shock needs "
+        "a hospital check of the heart and burns even if they seem fine."),
+    "sepsis": (
+        "这可能是严重感染（败血症/脓毒症）或脑膜炎，需要马上去急诊，不要等到明天；路上注意保暖，记下体温、开始的时间和最后一次小便的时间，告诉医生。",
+        "This may be a serious infection (sepsis) or meningitis and needs A&E now, not tomorrow; keep them warm and "
+        "note their temperature, when it started and when they last passed urine, to tell the doctors."),
+    "dehydration": (
+        "这可能是严重脱水，需要马上去医院输液。能喝的话先小口多次喂口服补液盐或温水，婴儿继续喂奶；不要喂果汁、饮料，也不要自行用止泻药。",
+        "This may be severe dehydration and needs hospital fluids now. If they can drink, give small frequent sips of "
+        "oral rehydration solution or water on the way (keep feeding a baby); no juice or fizzy drinks, and no "
+        "anti-diarrhoea medicine without a doctor."),
+    "torsion": (
+        "睾丸突然剧痛可能是睾丸扭转，要在几个小时内手术才能保住，请马上去医院急诊（外科或泌尿外科），不要等它自己好；先不要吃东西喝水。",
+        "Sudden severe testicle pain can be a twisted testicle, which needs surgery within hours: go to A&E now, "
+        "don't wait for it to ease, and don't eat or drink in the meantime."),
+    "hyperglycemia": (
+        "血糖很高又迷糊、呕吐、呼吸深快或有烂苹果味，可能是糖尿病酮症酸中毒，需要马上去急诊；能喝水的小口喝白开水，不要自己加打胰岛素，把血糖仪读数告诉医生。",
+        "Very high blood sugar with drowsiness, vomiting, deep fast breathing or fruity breath can be diabetic "
+        "ketoacidosis and needs A&E now; sip water if they can, don't take extra insulin on your own, and tell the "
+        "doctors the meter readings."),
+    "swallowed": (
+        "等待时：不要催吐，也不要给吃喝；把同样的电池或磁珠（或包装）带给医生看。纽扣电池和两颗以上的磁珠在体内几个小时就可能造成严重损伤，即使现在没有不舒服也要马上去急诊。",
+        "While you wait: don't make them sick and don't give food or drink; take a matching battery or magnet (or the "
+        "packaging) to show the doctors. Button batteries and two or more magnets can cause serious harm within "
+        "hours, so go to A&E now even if the child seems fine."),
     "bowel": (
         "等待时：先不要吃东西、喝水，不要吃泻药、止痛药，也不要灌肠；好几天没排便、肚子胀还呕吐，可能是肠梗阻，需要马上去医院急诊。",
         "While you wait: don't eat or drink, and don't take laxatives or painkillers; days without a bowel movement "
@@ -865,6 +999,9 @@ _LEAD = {
 # Diabetes medicines: an overdose of them is treated as low blood sugar.
 _GLUCOSE_LOWERING = re.compile(r"降糖|胰岛素|二甲双胍|格列|糖尿病的药|\binsulin|\bmetformin|\bgli\w+|\bdiabet\w* (?:pills?|tablets?|meds?|medication)")
 
+# Not breathing: the unconscious reply (chest compressions as the call handler says).
+_NOT_BREATHING = re.compile(r"(?:没|不)(?:有)?(?:呼吸|喘气)|没气了|没了呼吸|\bnot breathing|\bno breath|\bstopped breathing")
+
 # A nose in a bleeding message: nosebleed first aid instead of pressing on a wound.
 _NOSE = re.compile(r"鼻|\bnose|\bnosebleed")
 
@@ -905,8 +1042,9 @@ def crisis_reply(lang: str, cfg: SafetyConfig) -> str:
 
     Names the crisis line (``cfg.crisis_line_zh`` — 12356, China's 24-hour
     psychological assistance hotline; ``cfg.crisis_line_en`` — 988 in the US),
-    suggests telling and staying with someone nearby, and says the emergency
-    number is right when there is immediate danger.
+    suggests telling and staying with someone nearby, says the emergency number is
+    right when there is immediate danger, and tells a relative writing about someone
+    else how to help (stay with them, remove means, call together).
     """
     if lang == "zh":
         return (
@@ -914,12 +1052,15 @@ def crisis_reply(lang: str, cfg: SafetyConfig) -> str:
             f"请现在就拨打心理援助热线{cfg.crisis_line_zh}（24小时），和专业的人聊一聊。\n"
             "也请告诉身边信任的人你现在的感受，请他陪着你，先不要一个人待着。\n"
             f"如果你已经伤害了自己，或觉得马上会有危险，请立即拨打{cfg.emergency_number_zh}。\n"
+            "如果是家人或朋友这样说：请认真对待，陪着他、别让他一个人待着，收好药物和利器，陪他一起打热线或去医院。\n"
             + _HUMAN_OFFER[0])
     return (
         "I'm really sorry you're going through this, and I'm glad you told me. You don't have to carry it alone.\n"
         f"Please call or text a crisis line now: {cfg.crisis_line_en}.\n"
         "Tell someone near you how you feel and ask them to stay with you; try not to be alone right now.\n"
         f"If you have hurt yourself or are in immediate danger, call {cfg.emergency_number_en} now.\n"
+        "If it is a relative or friend saying this: take it seriously, stay with them, put medicines and sharp "
+        "things away, and call the line or go to A&E with them.\n"
         + _HUMAN_OFFER[1])
 
 
@@ -933,6 +1074,11 @@ def _reply_category(emergencies: list[str], text: str) -> str:
         return "pregnancy"
     if any(h.startswith("heatstroke.") for h in emergencies):
         return "heatstroke"  # confusion in the heat: cool them down while the ambulance comes
+    for category in ("hypoglycemia", "drowning", "electric", "swallowed", "burn"):
+        if any(h.startswith(category + ".") for h in emergencies):
+            return category  # its own first aid over what it causes (confusion, unconsciousness, bleeding)
+    if any(h.startswith("unconscious.") for h in emergencies) and _NOT_BREATHING.search(text):
+        return "unconscious"  # CPR instructions, whatever else matched
     category = emergencies[0].split(".")[0]
     if category == "poisoning" and _GAS.search(text):
         return "gas"

@@ -437,3 +437,29 @@ def test_second_round_near_misses_are_not_emergencies(q):
 def test_second_round_scope_rules(q, reason):
     result = check_scope(q, normalize(q).lang)
     assert result is not None and result.reason == reason, matching_rule(q)
+
+
+@pytest.mark.parametrize("q, lang, words", [
+    ("孩子打翻热汤 胸口肚子烫了一大片", "zh", ("流动", "不要抹牙膏")),
+    ("孙子掉进河里 捞上来一直咳", "zh", ("心肺复苏", "也要去医院")),
+    ("老汉修电线被电了一下 倒地上了", "zh", ("切断电源",)),
+    ("老人发烧两天 手脚冰凉 人迷糊 呼吸很快", "zh", ("脓毒症",)),
+    ("奶奶拉了三天肚子 不喝水 没尿 人蔫了", "zh", ("脱水",)),
+    ("儿子突然睾丸疼得厉害 还吐了", "zh", ("睾丸扭转",)),
+    ("血糖仪显示hi 人昏昏沉沉 有烂苹果味", "zh", ("酮症酸中毒",)),
+    ("孩子吞了一颗纽扣电池", "zh", ("纽扣电池",)),
+    ("孩子磕到头 吐了两次 老想睡", "zh", ("颅内出血",)),
+    ("diabetic mum is sweaty and shaky and talking nonsense", "en", ("sugary",)),
+    ("he collapsed and he's not breathing", "en", ("chest compressions",)),
+])
+def test_fourth_round_emergencies_get_their_own_first_aid(q, lang, words):
+    result = triage(q, lang, CFG)
+    assert result is not None and result.kind == "emergency", match_red_flags(q)
+    for w in words:
+        assert w in result.reply, (w, result.reply)
+
+
+@pytest.mark.parametrize("q", ["大姨妈来肚子疼得打滚", "手指被热锅烫了一下 有点红", "冬天摸门把手老被静电电一下", "昨晚没睡好今天头有点晕",
+                               "磕到头了 起了个包 没别的不舒服"])
+def test_fourth_round_near_misses(q):
+    assert triage(q, "zh", CFG) is None, match_red_flags(q)
