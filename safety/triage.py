@@ -566,7 +566,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     # Severe infection (sepsis) and meningitis signs (NHS "Sepsis", "Meningitis").
     RedFlag("sepsis", "sepsis_zh", (
         "发烧|发热|高烧|烧到|3[89]度|40度|体温", "(?:手脚|手|脚)(?:冰凉|冰冷|发凉|发紫|花花的)|皮肤发花|尿(?:很少|没有|不出)|一天没尿|寒战|打摆子",
-        "迷糊|糊涂|说胡话|反应慢|叫不醒|不太答应|呼吸(?:很|特别)?快|喘"),),
+        "迷糊|糊涂|说胡话|反应" + G2 + "慢|叫不醒|不太答应|呼吸(?:很|特别)?快|喘"),),
     RedFlag("sepsis", "sepsis_en", (
         FEVER_EN, r"\b(?:cold|blue|mottled|blotchy) (?:hands|feet|skin)|\b(?:hands|feet)\b" + E10 + r"\b(?:ice[- ]cold|cold|blue|mottled)\b|"
         r"\bno (?:wee|pee|urine)|\bhasn'?t (?:peed|weed)",
@@ -584,7 +584,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("dehydration", "dehydration_en", (
         r"\b(?:diarrh\w*|vomit\w*|throwing up|being sick|the runs|loose (?:stools|poo))\b",
         r"\b(?:not drinking|barely drinking|hardly drinking|won'?t drink|no (?:wet )?nappies|dry nappies|no tears|no wee)\b",
-        r"\b(?:confus\w*|drowsy|floppy|limp|disoriented|not responding)\b"),),
+        r"\b(?:confus\w*|drowsy|floppy|limp|disoriented|not responding)\b|\b(?:doesn'?t|does not) know where (?:she|he) is"),),
     # Sudden testicular pain (torsion): surgery within hours.
     RedFlag("torsion", "torsion_zh", ("睾丸|蛋蛋|阴囊|下面的蛋", "突然|剧痛|疼得(?:厉害|受不了|直哭)|痛得(?:厉害|受不了)|吐|肿"),),
     RedFlag("torsion", "torsion_en", (r"\b(?:testic\w*|testes|scrotum|balls?)\b", r"\b(?:sudden\w*|severe|agony|vomit\w*|swollen)\b"),),
@@ -816,7 +816,8 @@ def match_red_flags(text: str) -> list[str]:
         if unless is not None and unless.search(view):
             continue
         # Suicidal thoughts are never "chronic"; a baby's age in months is not a duration.
-        chronic_cancels = flag.category not in ("crisis", "infant_fever", "pregnancy")
+        # Days of diarrhoea, of no bowel movement or of an infection are the point of these flags.
+        chronic_cancels = flag.category not in ("crisis", "infant_fever", "pregnancy", "dehydration", "bowel", "sepsis")
         if all(_find(p, clauses, not_before if i == 0 else None, chronic_cancels) for i, p in enumerate(patterns)):
             hits.append(f"{flag.category}.{flag.name}")
     return hits
