@@ -92,6 +92,8 @@ _NUM = r"(?<![\d.])\d+(?:\.\d+)?"
 _NUM_ZH = "(?:\\d+(?:\\.\\d+)?|[一二两三四五六七八九十半]+)"
 # Foods counted in 片/粒 ("生姜每天吃几片", "每天吃几粒坚果"): not medicine doses.
 _FOOD_PIECES_ZH = "姜|面包|西瓜|苹果|柠檬|山楂|黄瓜|饼干|吐司|肉片|薯片|海苔|坚果|花生|核桃|红枣|枸杞|桂圆|莲子"
+#: Supplements and medicinal food: questions about taking them are answered by the topics.
+_SUPPLEMENTS_ZH = "维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"
 _PERSON_ZH = "(?:我|我妈|我爸|他|她|孩子|宝宝|老人|家人|老公|老婆|我家|这)"
 # Named diseases that "是不是X" asks about directly ("最近老忘事，是不是老年痴呆").
 _NAMED_DISEASE_ZH = ("(?:糖尿病|高血压|心脏病|冠心病|肝炎|乙肝|肺炎|结核|甲亢|甲减|抑郁症|焦虑症|老年痴呆|痴呆|阿尔茨海默|帕金森|"
@@ -180,10 +182,10 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
               "有没有(?![^,.;!?，。；！？]{0,4}(?:不吃|不用|不靠|除了))[^,.;!?，。；！？]{0,8}" + YAO),
     ScopeRule("prescription", "can_i_take_medicine_zh",
               "(?:能|可以|能不能|可不可以|敢)(?:吃|用|服|服用|喝|打)[^,.;!?，。；！？]{0,8}" + DRUG_ZH,
-              unless="维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"),
+              unless=_SUPPLEMENTS_ZH),
     ScopeRule("prescription", "medicine_then_can_take_zh",
               DRUG_ZH + "[^,.;!?，。；！？]{0,16}(?:能|可以|能不能|可不可以|敢)(?:吃|用|服|服用)(?:吗|不|么)",
-              unless="维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"),
+              unless=_SUPPLEMENTS_ZH),
     ScopeRule("prescription", "combine_medicines_zh",
               DRUG_ZH + "[^,.;!?，。；！？]{0,8}(?:和|跟|与|加|同)[^,.;!?，。；！？]{0,4}" + DRUG_ZH +
               "[^,.;!?，。；！？]{0,8}(?:一起|同时|一块)?(?:吃|用|服)", unless="保健品"),
@@ -235,7 +237,7 @@ SCOPE_RULES: tuple[ScopeRule, ...] = (
     ScopeRule("side_effects", "side_effects_zh",
               DRUG_ZH + "[^,.;!?，。；！？]{0,8}(?:伤肾|伤肝|副作用|不良反应|毒性)|"
               "(?:伤肾|伤肝|副作用|不良反应)[^,.;!?，。；！？]{0,6}" + DRUG_ZH,
-              unless="维生素|钙片|鱼油|保健品|叶酸|药膳|药食同源"),
+              unless=_SUPPLEMENTS_ZH),
     ScopeRule("side_effects", "side_effects_en",
               r"\b(?:side effects?|damage (?:my|the|his|her) (?:kidneys?|liver)|bad for (?:my|the|his|her) (?:kidneys?|liver)|"
               r"addictive|safe long[- ]term)\b", also=DRUG_EN,
