@@ -1065,21 +1065,24 @@ def crisis_reply(lang: str, cfg: SafetyConfig) -> str:
         + _HUMAN_OFFER[1])
 
 
+#: Flags whose own first aid wins over whatever else matched, in order, as (hit prefix, reply):
+#: "说不出话" while choking is also a stroke sign, a pregnant woman's headache also a
+#: headache, confusion in the heat, from low blood sugar, after drowning, an electric
+#: shock or a swallowed battery is what those cause, and a burn bleeds.
+_FIRST_AID_WINS = (("breathing.chok", "choking"), ("pregnancy.", "pregnancy"), ("heatstroke.", "heatstroke"),
+                   ("hypoglycemia.", "hypoglycemia"), ("drowning.", "drowning"), ("electric.", "electric"),
+                   ("swallowed.", "swallowed"), ("burn.", "burn"))
+
+
 def _reply_category(emergencies: list[str], text: str) -> str:
-    """Which reply the medical red flags get: choking, pregnancy warning signs and heat
-    stroke win over whatever else matched ("说不出话" is also a stroke sign; a pregnant woman's headache is
-    also a headache); else the first flag's category, with gas and nosebleed first aid."""
-    if any(h.split(".")[1].startswith("chok") for h in emergencies):
-        return "choking"
-    if any(h.startswith("pregnancy.") for h in emergencies):
-        return "pregnancy"
-    if any(h.startswith("heatstroke.") for h in emergencies):
-        return "heatstroke"  # confusion in the heat: cool them down while the ambulance comes
-    for category in ("hypoglycemia", "drowning", "electric", "swallowed", "burn"):
-        if any(h.startswith(category + ".") for h in emergencies):
-            return category  # its own first aid over what it causes (confusion, unconsciousness, bleeding)
+    """Which reply the medical red flags get: the first of :data:`_FIRST_AID_WINS` that
+    matched; CPR instructions whenever someone is not breathing; else the first flag's
+    category, with gas, mushroom, diabetes-medicine and nosebleed first aid."""
+    for prefix, category in _FIRST_AID_WINS:
+        if any(h.startswith(prefix) for h in emergencies):
+            return category
     if any(h.startswith("unconscious.") for h in emergencies) and _NOT_BREATHING.search(text):
-        return "unconscious"  # CPR instructions, whatever else matched
+        return "unconscious"
     category = emergencies[0].split(".")[0]
     if category == "poisoning" and _GAS.search(text):
         return "gas"
