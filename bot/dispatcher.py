@@ -212,23 +212,6 @@ class Dispatcher:
         # language: the channel's own hint, else Chinese, the main audience.
         lang = inbound.lang or (norm.lang if norm.text.strip() else "zh")
         agents = self.handoff.reachable(inbound.channel)  # can a person take a handoff here?
-        greeting = intent_reply(Intent.GREETING, lang) if agents else drop_handoff_offer(
-            intent_reply(Intent.GREETING, lang))
-        if inbound.kind is MessageKind.SUBSCRIBE:
-            return Reply(greeting, Intent.GREETING, lang), {}
-        if inbound.kind is MessageKind.EVENT:
-            return Reply("", Intent.SYSTEM, lang), {}
-        if inbound.kind is MessageKind.UNSUPPORTED:
-            in_handoff = await self.handoff.active(inbound.channel, inbound.user_id)
-            if in_handoff is not None:  # agents see that something was sent; the bot stays silent
-                await self.handoff.user_message(in_handoff, f"[{inbound.raw.get('type') or 'attachment'}]")
-                return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
-            if inbound.raw.get("type") == "voice":
-                return Reply(VOICE_OFF_REPLY[lang], Intent.SYSTEM, lang), {"unsupported": "voice"}
-            return Reply(unsupported_reply(lang), Intent.SYSTEM, lang), {"unsupported": inbound.raw.get("type")}
-        if not norm.text.strip():
-            return Reply(greeting, Intent.GREETING, lang), {}
-
         notes: dict[str, Any] = {}
 
         def out(body: str, intent: Intent, **kw: Any) -> Reply:
@@ -244,6 +227,21 @@ class Dispatcher:
             if intent in HEALTH_INTENTS:
                 body = with_disclaimer(body, lang)
             return Reply(to_user_script(body, norm.script, norm.variant), intent, lang, **kw)
+
+        if inbound.kind is MessageKind.SUBSCRIBE:
+            return out(intent_reply(Intent.GREETING, lang), Intent.GREETING), {}
+        if inbound.kind is MessageKind.EVENT:
+            return Reply("", Intent.SYSTEM, lang), {}
+        if inbound.kind is MessageKind.UNSUPPORTED:
+            in_handoff = await self.handoff.active(inbound.channel, inbound.user_id)
+            if in_handoff is not None:  # agents see that something was sent; the bot stays silent
+                await self.handoff.user_message(in_handoff, f"[{inbound.raw.get('type') or 'attachment'}]")
+                return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
+            if inbound.raw.get("type") == "voice":
+                return Reply(VOICE_OFF_REPLY[lang], Intent.SYSTEM, lang), {"unsupported": "voice"}
+            return Reply(unsupported_reply(lang), Intent.SYSTEM, lang), {"unsupported": inbound.raw.get("type")}
+        if not norm.text.strip():
+            return out(intent_reply(Intent.GREETING, lang), Intent.GREETING), {}
 
         urgent = triage(norm.text, lang, self.cfg.safety)
         in_handoff = await self.handoff.active(inbound.channel, inbound.user_id)
