@@ -74,6 +74,10 @@ INLINE_TOKENIZE_MAX = 4
 #: Texts tokenized per call of the tokenizer at most.
 TOKENIZE_CHUNK = 1024
 
+#: Texts per part at least when :meth:`DynamicBatcher.tokenize` cuts a call over several
+#: tokenizer threads (``inference.tokenizer_threads``).
+TOKENIZE_PART_MIN = 8
+
 RunBatch = Callable[[list[list[int]]], Awaitable[np.ndarray]]
 #: ``tokenize(texts, prefix) -> windows per text`` (:meth:`E5Tokenizer.encode_batch`).
 Tokenize = Callable[[list[str], str], list[list[list[int]]]]
@@ -597,15 +601,14 @@ class DynamicBatcher:
         Pending requests still honour their deadlines and cancellations. Idempotent.
         """
         self._closing = True
-        if self._loop_task is None:
-            return
-        self._tok_wakeup.set()
-        self._wakeup.set()
-        if self._tok_task is not None:
-            await self._tok_task
-        await self._loop_task
-        if self._in_flight:
-            await asyncio.gather(*self._in_flight, return_exceptions=True)
+        if self._loop_task is not None:
+            self._tok_wakeup.set()
+            self._wakeup.set()
+            if self._tok_task is not None:
+                await self._tok_task
+            await self._loop_task
+            if self._in_flight:
+                await asyncio.gather(*self._in_flight, return_exceptions=True)
         if self._tok_executor is not None:
             self._tok_executor.shutdown(wait=False)
             self._tok_executor = None
@@ -682,6 +685,10 @@ class DynamicBatcher:
         when more than :data:`INLINE_TOKENIZE_MAX` texts (the fast tokenizer releases the
         GIL, so this loop keeps batching and delivering meanwhile), else inline.
 
+        With ``tokenizer_threads`` > 1 the texts are cut into up to that many parts of at
+        least :data:`TOKENIZE_PART_MIN` texts, tokenized at once on the threads: a worker
+        process's message of 32 texts waits for half of its tokenization, not all of it.
+
         Raises:
             RuntimeError: the batcher has no ``tokenize``.
         """
@@ -689,7 +696,15 @@ class DynamicBatcher:
             raise RuntimeError("this DynamicBatcher has no tokenize function")
         if len(texts) <= self._inline_tokenize_max:
             return self._tokenize(texts, prefix)
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread(), self._tokenize, texts, prefix)
+        loop = asyncio.get_running_loop()
+        parts = min(self._tokenizer_threads, len(texts) // TOKENIZE_PART_MIN)
+        if parts <= 1:
+            return await loop.run_in_executor(self._tokenizer_thread(), self._tokenize, texts, prefix)
+        size = -(-len(texts) // parts)
+        done = await asyncio.gather(*(loop.run_in_executor(self._tokenizer_thread(), self._tokenize,
+                                                           texts[i:i + size], prefix)
+                                      for i in range(0, len(texts), size)))
+        return [windows for part in done for windows in part]
 
     def _tokenize_chunk(self, chunk: list[_Request]) -> list[list[list[int]]]:
         """Windows of each request's text, in chunk order; one tokenizer call per prefix."""
