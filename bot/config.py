@@ -166,11 +166,6 @@ class InferenceConfig:
     0.1, 0.5 and 5 ms measured the same for the in-process pool (docs/benchmarks.md),
     hence the default; the worker-process and engine-server figures were measured
     with 0.5 ms only.
-
-    ``tokenizer_threads``: threads that tokenize texts in batches (the fast
-    tokenizer releases the GIL, so two tokenize two calls at once): a worker
-    process's messages each take one call; the in-process batcher's own
-    tokenizer loop runs one call at a time whatever this is.
     """
 
     engines_dir: str = "engines"
@@ -194,7 +189,6 @@ class InferenceConfig:
     device_processes: int = 0
     engine_server: bool = True
     engine_socket: str = ""
-    tokenizer_threads: int = 1
 
     def validate(self) -> None:
         """Check the inference keys; raises :class:`ConfigError` naming the key.
@@ -343,7 +337,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("config key 'wechat.aes_key': the EncodingAESKey must be 43 characters in compatible/safe mode")
     inf = cfg.inference
     inf.validate()
-    for key in ("max_batch_size", "max_queue_size", "workers", "max_batch_tokens", "tokenizer_threads"):
+    for key in ("max_batch_size", "max_queue_size", "workers", "max_batch_tokens"):
         if getattr(inf, key) < 1:
             raise ConfigError(f"config key 'inference.{key}': must be >= 1")
     if inf.max_queue_delay_ms < 0 or inf.deadline_ms <= 0:

@@ -74,10 +74,6 @@ INLINE_TOKENIZE_MAX = 4
 #: Texts tokenized per call of the tokenizer at most.
 TOKENIZE_CHUNK = 1024
 
-#: Texts per part at least when :meth:`DynamicBatcher.tokenize` cuts a call over several
-#: tokenizer threads (``inference.tokenizer_threads``).
-TOKENIZE_PART_MIN = 8
-
 RunBatch = Callable[[list[list[int]]], Awaitable[np.ndarray]]
 #: ``tokenize(texts, prefix) -> windows per text`` (:meth:`E5Tokenizer.encode_batch`).
 Tokenize = Callable[[list[str], str], list[list[list[int]]]]
@@ -280,8 +276,6 @@ class DynamicBatcher:
             :meth:`submit_text` (the encoder passes ``E5Tokenizer.encode_batch``).
         inline_tokenize_max: waiting texts tokenized on the event loop itself
             (more go to the tokenizer thread); default :data:`INLINE_TOKENIZE_MAX`.
-        tokenizer_threads: threads of the tokenizer executor (``inference.tokenizer_threads``):
-            :meth:`tokenize` calls run on as many at once.
 
     Start-up is lazy (the loop tasks start on the first submit); :meth:`close`
     drains. ``stats`` (:class:`BatcherStats`) and :attr:`pending` are for tests and
@@ -292,10 +286,9 @@ class DynamicBatcher:
     def __init__(self, run_batch: RunBatch, *, max_batch_size: int = 32, max_batch_tokens: int = 8192,
                  max_queue_delay_ms: float = 10.0, max_queue_size: int = 1024, deadline_ms: float = 2000.0,
                  concurrency: int = 1, buckets: Sequence[int] = DEFAULT_BUCKETS, tokenize: Tokenize | None = None,
-                 inline_tokenize_max: int | None = None, tokenizer_threads: int = 1) -> None:
-        if min(max_batch_size, max_batch_tokens, max_queue_size, concurrency, tokenizer_threads) < 1:
-            raise ValueError("max_batch_size, max_batch_tokens, max_queue_size, concurrency and tokenizer_threads "
-                             "must be >= 1")
+                 inline_tokenize_max: int | None = None) -> None:
+        if max_batch_size < 1 or max_batch_tokens < 1 or max_queue_size < 1 or concurrency < 1:
+            raise ValueError("max_batch_size, max_batch_tokens, max_queue_size and concurrency must be >= 1")
         if max_queue_delay_ms < 0 or deadline_ms <= 0:
             raise ValueError("max_queue_delay_ms must be >= 0 and deadline_ms > 0")
         self._run_batch = run_batch
@@ -309,7 +302,6 @@ class DynamicBatcher:
         self.stats = BatcherStats()
         self._tokenize = tokenize
         self._inline_tokenize_max = INLINE_TOKENIZE_MAX if inline_tokenize_max is None else inline_tokenize_max
-        self._tokenizer_threads = tokenizer_threads
         self._queues: dict[int, collections.deque[_Entry]] = {b: collections.deque() for b in self.buckets}
         self._bucket_of = self._bucket_table()
         self._incoming: collections.deque[_Request] = collections.deque()
@@ -676,18 +668,13 @@ class DynamicBatcher:
 
     def _tokenizer_thread(self) -> ThreadPoolExecutor:
         if self._tok_executor is None:
-            self._tok_executor = ThreadPoolExecutor(max_workers=self._tokenizer_threads,
-                                                    thread_name_prefix="inference-tokenizer")
+            self._tok_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference-tokenizer")
         return self._tok_executor
 
     async def tokenize(self, texts: list[str], prefix: str = "query: ") -> list[list[list[int]]]:
         """Token windows of each text (``tokenize(texts, prefix)``), on the tokenizer thread
         when more than :data:`INLINE_TOKENIZE_MAX` texts (the fast tokenizer releases the
         GIL, so this loop keeps batching and delivering meanwhile), else inline.
-
-        With ``tokenizer_threads`` > 1 the texts are cut into up to that many parts of at
-        least :data:`TOKENIZE_PART_MIN` texts, tokenized at once on the threads: a worker
-        process's message of 32 texts waits for half of its tokenization, not all of it.
 
         Raises:
             RuntimeError: the batcher has no ``tokenize``.
@@ -696,15 +683,7 @@ class DynamicBatcher:
             raise RuntimeError("this DynamicBatcher has no tokenize function")
         if len(texts) <= self._inline_tokenize_max:
             return self._tokenize(texts, prefix)
-        loop = asyncio.get_running_loop()
-        parts = min(self._tokenizer_threads, len(texts) // TOKENIZE_PART_MIN)
-        if parts <= 1:
-            return await loop.run_in_executor(self._tokenizer_thread(), self._tokenize, texts, prefix)
-        size = -(-len(texts) // parts)
-        done = await asyncio.gather(*(loop.run_in_executor(self._tokenizer_thread(), self._tokenize,
-                                                           texts[i:i + size], prefix)
-                                      for i in range(0, len(texts), size)))
-        return [windows for part in done for windows in part]
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread(), self._tokenize, texts, prefix)
 
     def _tokenize_chunk(self, chunk: list[_Request]) -> list[list[list[int]]]:
         """Windows of each request's text, in chunk order; one tokenizer call per prefix."""

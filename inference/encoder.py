@@ -194,5 +194,4 @@ def batcher_for(cfg: InferenceConfig, pool: ModelManager | InferencePool,
         deadline_ms=cfg.deadline_ms,
         concurrency=pool.workers,
         tokenize=tokenizer.encode_batch if tokenizer is not None else None,
-        tokenizer_threads=cfg.tokenizer_threads,
     )

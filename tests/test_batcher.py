@@ -298,19 +298,6 @@ class VectorRunBatch(RecordingRunBatch):
         return np.array([[len(w), sum(w)] for w in windows], dtype=np.float32)
 
 
-async def test_tokenize_cuts_a_call_over_the_tokenizer_threads_and_keeps_the_order():
-    tok = CountingTokenizer()
-    texts = [f"question {i}" for i in range(20)]
-    b = DynamicBatcher(RecordingRunBatch(), tokenize=tok, tokenizer_threads=2)
-    got = await b.tokenize(texts)
-    assert sorted(map(len, tok.calls)) == [10, 10]  # two parts, one per thread
-    assert got == CountingTokenizer()(texts)  # the same windows, in the texts' order
-    tok.calls.clear()
-    await b.tokenize(texts[:12])  # parts of fewer than 8 texts are not worth a second thread
-    assert [len(c) for c in tok.calls] == [12]
-    await b.close()
-
-
 async def test_texts_waiting_together_are_tokenized_in_one_call():
     tok = CountingTokenizer()
     run = VectorRunBatch()

@@ -17,7 +17,7 @@ Each run is ``[loader, procs, seconds, ceiling, knobs]``: loader ``real`` (the G
 ``inference.engine_server`` loads, timed) or ``null`` (answers at once: the front end
 alone); knobs override ``inference.process_pool`` constants of the routing process
 (``MIN_TEXTS_PER_MESSAGE``, ``REMOTE_BATCHES_IN_FLIGHT``), ``InferenceConfig`` fields
-(``tokenizer_threads``) or, as ``slots``, the batches the
+(``switch_interval_ms``) or, as ``slots``, the batches the
 server may launch on the GPU before the last one finished (1 = one at a time).
 ``HEALTHBOT_ASSUME_GPU=1`` runs the ``null`` loader on a CPU machine (smoke test; numbers meaningless).
 """
