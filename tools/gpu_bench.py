@@ -740,6 +740,8 @@ CLI_PLANS["launch-check"] = [  # sixth session: launch behind the running batch,
 ]
 CLI_PLANS["direct-check"] = [  # seventh session: a worker's message runs as one batch at once (batcher direct path)
     ("direct-server-4proc", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "1"}, ["--concurrency", "1,32,256"]),
+    ("direct-server-4proc-si0.1", {**_S, _I + "DEVICE_PROCESSES": "4", _I + "WORKERS": "1",
+                                   _I + "SWITCH_INTERVAL_MS": "0.1"}, ["--concurrency", "256", "--batched-only"]),
 ]
 #: ENGINE_SERVER false: the plans before the engine server measured each worker process with its own engine.
 CLI_COMMON = {_I + "MAX_QUEUE_DELAY_MS": "0", _I + "MAX_QUEUE_SIZE": "8192", _I + "SWITCH_INTERVAL_MS": "0.5",
