@@ -26,6 +26,9 @@ Shape of the queue (ARCHITECTURE.md, "The inference pool"; text-embeddings-infer
     enqueued (Triton's ``max_queue_delay_microseconds``; 0 = a free worker never
     waits),
   * the batcher is closing (drain without waiting);
+- a :meth:`~DynamicBatcher.submit_many` whose windows already make one batch
+  runs at once, skipping the queue, when nothing else waits and a batch slot is
+  free (a worker process's message, batched by the routing process already);
 - requests whose caller has gone (cancelled) or whose deadline passed are
   dropped before any compute is spent on them (lazily: their windows are marked
   and skipped when a batch is formed, O(1) per drop);
@@ -810,7 +813,9 @@ class DynamicBatcher:
         """True when windows of ``lens`` tokens may skip the queue and run as one batch at
         once (:meth:`submit_many`): nothing else waits, a batch slot is free, and they fit
         one batch: ≤ ``max_batch_size`` windows, padded cost (longest × count) ≤
-        ``max_batch_tokens`` and ≤ 2× their tokens (the bound the buckets keep)."""
+        ``max_batch_tokens`` and ≤ 2× their tokens (the bound the buckets keep). The
+        batch loop holds one slot while it waits for work, so with ``concurrency`` 1
+        (one CPU engine, the default) every call is queued as before."""
         padded = max(lens) * len(lens)
         return (not self._pending and not self._slots.locked() and len(lens) <= self.max_batch_size
                 and padded <= self.max_batch_tokens and padded <= 2 * sum(lens))
