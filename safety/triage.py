@@ -21,7 +21,9 @@ Where the red flags come from:
   with flashes (detached retina), nosebleed first aid: NHS "Pre-eclampsia",
   "Urgent advice in pregnancy", "Low blood sugar (hypoglycaemia)", "Appendicitis",
   "Detached retina", "Nosebleed"; choking: NHS / Red Cross back blows and
-  abdominal thrusts.
+  abdominal thrusts; sudden severe pain in the groin or genitals: NHS
+  "Testicular torsion", "Ectopic pregnancy", "Inguinal hernia repair" (a hernia
+  that becomes painful and can't be pushed back is an emergency).
 * Numbers: 120 (mainland China emergency medical service), 999 (Hong Kong, UK),
   112 / 911 (EU / North America) from :class:`bot.config.SafetyConfig`; crisis
   lines 12356 (China's 24-hour national psychological assistance hotline) and
@@ -90,7 +92,7 @@ class RedFlag:
             ``unconscious``, ``infant_fever``, ``severe_headache``, ``gi_bleed``,
             ``pregnancy``, ``hypoglycemia``, ``abdomen``, ``eye``, ``high_bp``,
             ``fracture``, ``heatstroke``, ``head_injury``, ``bowel``, ``burn``, ``drowning``,
-            ``electric``, ``sepsis``, ``dehydration``, ``torsion``, ``hyperglycemia``,
+            ``electric``, ``sepsis``, ``dehydration``, ``torsion``, ``groin``, ``hyperglycemia``,
             ``swallowed``, ``crisis``; replies
             also ``choking``, ``gas``, ``nosebleed``, ``mushroom``).
         name: short label, unique within the category.
@@ -588,6 +590,15 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     # Sudden testicular pain (torsion): surgery within hours.
     RedFlag("torsion", "torsion_zh", ("睾丸|蛋蛋|阴囊|下面的蛋", "突然|剧痛|疼得(?:厉害|受不了|直哭)|痛得(?:厉害|受不了)|吐|肿"),),
     RedFlag("torsion", "torsion_en", (r"\b(?:testic\w*|testes|scrotum|balls?)\b", r"\b(?:sudden\w*|severe|agony|vomit\w*|swollen)\b"),),
+    # Sudden severe pain in the groin or genitals, said without naming the organ ("down below").
+    RedFlag("groin", "groin_zh", ("下身|私处|阴部|腹股沟|大腿根|裆(?:部|里)?", "突然",
+                                  "剧痛|疼得(?:厉害|受不了|直哭|打滚|直冒汗)|痛得(?:厉害|受不了|打滚)"),
+            unless="经期|月经|例假|大姨妈|生理期|痛经"),
+    RedFlag("groin", "groin_en", (r"\b(?:down below|down there|privates|private parts|groin|crotch|genitals?)\b",
+                                  r"\bsudden(?:ly)?\b",
+                                  r"\b(?:terrible|severe|agonising|agonizing|excruciating|unbearable|awful|worst)\b|\bin agony\b",
+                                  r"\b(?:pain|painful|hurts?|hurting|agony)\b"),
+            unless=r"\bperiods?\b|\bmenstrua\w*"),
     # Severe abdominal pain; tearing pain into the back.
     RedFlag("abdomen", "severe_zh", (
         "(?:疼|痛)得" + G4 + "打滚|(?:肚子|肚皮|腹部)" + G4 + "(?:硬得像|硬邦邦|像木板|板一样硬)|撕(?:裂|开)(?:样|一样|般|似的)?(?:的)?(?:疼|痛)|"
@@ -945,6 +956,12 @@ _WHILE_WAITING = {
         "睾丸突然剧痛可能是睾丸扭转，要在几个小时内手术才能保住，请马上去医院急诊（外科或泌尿外科），不要等它自己好；先不要吃东西喝水。",
         "Sudden severe testicle pain can be a twisted testicle, which needs surgery within hours: go to A&E now, "
         "don't wait for it to ease, and don't eat or drink in the meantime."),
+    "groin": (
+        "下身或大腿根突然剧痛，可能是睾丸或卵巢扭转、疝气卡住，女性也可能是宫外孕，有的要在几个小时内手术，请马上去医院急诊，"
+        "不要等它自己好；先不要吃东西喝水。",
+        "Sudden severe pain in the groin or genitals can be a twisted testicle or ovary, a trapped hernia or, in a "
+        "woman, an ectopic pregnancy, some of which need surgery within hours: go to A&E now, don't wait for it to "
+        "ease, and don't eat or drink in the meantime."),
     "hyperglycemia": (
         "血糖很高又迷糊、呕吐、呼吸深快或有烂苹果味，可能是糖尿病酮症酸中毒，需要马上去急诊；能喝水的小口喝白开水，不要自己加打胰岛素，把血糖仪读数告诉医生。",
         "Very high blood sugar with drowsiness, vomiting, deep fast breathing or fruity breath can be diabetic "

@@ -463,3 +463,20 @@ def test_fourth_round_emergencies_get_their_own_first_aid(q, lang, words):
                                "磕到头了 起了个包 没别的不舒服"])
 def test_fourth_round_near_misses(q):
     assert triage(q, "zh", CFG) is None, match_red_flags(q)
+
+
+@pytest.mark.parametrize("q, lang", [("sudden terrible pain down below", "en"),
+                                     ("my son suddenly has severe pain in his groin and feels sick", "en"),
+                                     ("老公下身突然剧痛 疼得直冒汗", "zh"), ("大腿根突然疼得厉害 摸到一个鼓包推不回去", "zh")])
+def test_sudden_severe_groin_pain_unnamed_organ_is_an_emergency(q, lang):
+    result = triage(q, lang, CFG)
+    assert result is not None and result.kind == "emergency", match_red_flags(q)
+    assert ("扭转" in result.reply) if lang == "zh" else ("twisted testicle or ovary" in result.reply)
+
+
+@pytest.mark.parametrize("q, lang", [("I pulled my groin playing football last week, still a bit sore", "en"),
+                                     ("suddenly got a terrible itch down there", "en"),
+                                     ("sudden severe period pain down below", "en"),
+                                     ("腹股沟有点酸胀好几天了", "zh"), ("来月经 下身突然疼得厉害", "zh")])
+def test_groin_near_misses_are_not_emergencies(q, lang):
+    assert triage(q, lang, CFG) is None, match_red_flags(q)
