@@ -50,6 +50,6 @@ def setup_http(app: web.Application, dispatcher) -> None:
                           message_id=str(body.get("message_id") or uuid.uuid4()),
                           kind=MessageKind.TEXT, text=text, lang=lang)
         reply = await dispatcher.handle(inbound)
-        return web.json_response({**reply.as_dict(), "user_id": user}, dumps=_dumps)
+        return web.json_response({**reply.as_dict(), "user_id": inbound.user_id}, dumps=_dumps)
 
     app.router.add_post("/api/chat", chat)

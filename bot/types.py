@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,17 @@ class MessageKind(str, enum.Enum):
     EVENT = "event"              # other events that need no answer
 
 
+#: A lone UTF-16 surrogate: only a JSON ``"\ud800"`` escape puts one in a Python str,
+#: and such a str cannot be encoded as UTF-8 (the store, the logs, the reply all fail).
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD (the Unicode replacement
+    character), so it can be stored, logged and answered; other text is returned as is."""
+    return _LONE_SURROGATE.sub("\ufffd", text) if _LONE_SURROGATE.search(text) else text
+
+
 @dataclass(frozen=True)
 class Inbound:
     """One user message, channel-independent.
@@ -55,6 +67,10 @@ class Inbound:
             (the dispatcher then detects it from the text).
         received_at: UNIX time in seconds when the adapter received it.
         raw: the platform's own fields, for logging and adapter use only.
+
+    Lone UTF-16 surrogates in ``user_id``, ``chat_id``, ``message_id`` and ``text``
+    become U+FFFD on construction (:func:`without_lone_surrogates`): the message is
+    still answered (an emergency in it still triaged), never a 500.
     """
 
     channel: str
@@ -66,6 +82,12 @@ class Inbound:
     lang: str | None = None
     received_at: float = field(default_factory=time.time)
     raw: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("user_id", "chat_id", "message_id", "text"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, without_lone_surrogates(value))
 
 
 @dataclass(frozen=True)

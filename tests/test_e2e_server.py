@@ -114,6 +114,18 @@ def test_http_callers_without_a_user_id_are_not_one_shared_user(server):
     assert again["intent"] == "answer" and again["user_id"] == first["user_id"]
 
 
+def test_lone_surrogates_in_the_json_are_answered_not_a_500(server):
+    # '\ud800' is valid JSON but no UTF-8: it reached SQLite and the logs and gave a 500,
+    # an emergency in the same text included.
+    status, body, _ = _request(server + "/api/chat", b'{"text": "\\u6211\\u7238\\u80f8\\u53e3\\u75bc\\u5f97\\u5389\\u5bb3'
+                               b' \\u51fa\\u51b7\\u6c57\\ud800", "user_id": "surrogate-\\udfff"}',
+                               {"Content-Type": "application/json"})
+    assert status == 200, body
+    reply = json.loads(body)
+    assert reply["intent"] == "emergency" and "120" in reply["reply"]
+    assert reply["user_id"] == "surrogate-\ufffd"
+
+
 def test_http_api_and_health_endpoints(server):
     status, body, _ = _request(server + "/api/chat", b'{"text": "how much water should I drink a day"}',
                                {"Content-Type": "application/json"})
