@@ -40,4 +40,4 @@ kb-check: $(STAMP)
 	$(BIN)/healthbot kb check
 
 clean:
-	rm -rf $(VENV) engines/*.onnx engines/*.json engines/*.engine data/cache
+	rm -rf $(VENV) engines/*.onnx engines/*.json engines/*.engine engines/cache data/cache
