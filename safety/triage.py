@@ -593,12 +593,12 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     # Sudden severe pain in the groin or genitals, said without naming the organ ("down below").
     RedFlag("groin", "groin_zh", ("下身|私处|阴部|腹股沟|大腿根|裆(?:部|里)?", "突然",
                                   "剧痛|疼得(?:厉害|受不了|直哭|打滚|直冒汗)|痛得(?:厉害|受不了|打滚)"),
-            unless="经期|月经|例假|大姨妈|生理期|痛经"),
+            unless="经期|月经|例假|大姨妈|生理期|痛经|拉伤|扭伤|抻|运动|跑步|踢球|打球|健身|劈叉"),
     RedFlag("groin", "groin_en", (r"\b(?:down below|down there|privates|private parts|groin|crotch|genitals?)\b",
                                   r"\bsudden(?:ly)?\b",
                                   r"\b(?:terrible|severe|agonising|agonizing|excruciating|unbearable|awful|worst)\b|\bin agony\b",
                                   r"\b(?:pain|painful|hurts?|hurting|agony)\b"),
-            unless=r"\bperiods?\b|\bmenstrua\w*"),
+            unless=r"\bperiods?\b|\bmenstrua\w*|\b(?:pulled|strain\w*|sprain\w*|workout|football|soccer|running|gym|kicking)\b"),
     # Severe abdominal pain; tearing pain into the back.
     RedFlag("abdomen", "severe_zh", (
         "(?:疼|痛)得" + G4 + "打滚|(?:肚子|肚皮|腹部)" + G4 + "(?:硬得像|硬邦邦|像木板|板一样硬)|撕(?:裂|开)(?:样|一样|般|似的)?(?:的)?(?:疼|痛)|"

@@ -477,6 +477,8 @@ def test_sudden_severe_groin_pain_unnamed_organ_is_an_emergency(q, lang):
 @pytest.mark.parametrize("q, lang", [("I pulled my groin playing football last week, still a bit sore", "en"),
                                      ("suddenly got a terrible itch down there", "en"),
                                      ("sudden severe period pain down below", "en"),
-                                     ("腹股沟有点酸胀好几天了", "zh"), ("来月经 下身突然疼得厉害", "zh")])
+                                     ("腹股沟有点酸胀好几天了", "zh"), ("来月经 下身突然疼得厉害", "zh"),
+                                     ("踢球时大腿根突然疼得厉害 是拉伤了吗", "zh"),
+                                     ("sudden severe groin pain after football, did I pull something", "en")])
 def test_groin_near_misses_are_not_emergencies(q, lang):
     assert triage(q, lang, CFG) is None, match_red_flags(q)
