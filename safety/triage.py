@@ -132,12 +132,12 @@ SUDDEN_ZH = "(?:突然|忽然|突发|一下子|猛地|猛然)"
 PREGNANT_ZH = "(?:怀孕|孕(?:妇|期|晚期|中期|早期|[0-9一二三四五六七八九十]+周|[0-9一二三四五六七八九十]+个月)|妊娠|怀着|怀了|产检)"
 SUDDEN_EN = r"\bsudden(?:ly)?\b"
 PERSON_EN = r"(?:my|his|her|their|the|your)"
-BABY_ZH = "(?:宝宝|婴儿|孩子|小孩|娃|小宝|宝贝|儿子|女儿|闺女|小家伙|新生儿)"
+BABY_ZH = "(?:宝宝|婴儿|孩子|小孩|娃|小宝|宝贝|儿子|女儿|闺女|小家伙|新生儿|bb)"
 # Ages under (and, for recall, exactly) 3 months.
 INFANT_AGE_ZH = (
     "(?:新生儿|刚出生|未满月|没满月|满月|小月龄|百天|"
     "(?:不到|没到|未满|不满|才|刚|刚满|只有|出生)?(?<![\\d一二三四五六七八九十])"
-    "(?:(?:[一二两三俩1-3]|一个半|两个半)个?(?:多|半)?月|"
+    "(?:(?:[一二两俩12]|一个半|两个半)个?(?:多|半)?月|[三3]个?月(?![零又多半])|"
     "(?:[1-9]|1[0-3]|[一二三四五六七八九十]|十[一二三])(?:周(?!岁)|个?星期|个?礼拜)|"
     "(?:\\d{1,2}|[一二三四五六七八九十]{1,3})天))"
 )
@@ -440,7 +440,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
 
     # ---- infant under 3 months with fever (NICE NG143) --------------------------------
     RedFlag("infant_fever", "infant_fever_zh", (
-        BABY_ZH + "(?:才|刚|刚满|只有|还不到|不到)?" + INFANT_AGE_ZH + "|" + INFANT_AGE_ZH + "(?:大)?(?:的)?" + BABY_ZH +
+        BABY_ZH + "(?:才|刚|刚满|只有|还不到|不到|啱啱|啱)?" + INFANT_AGE_ZH + "|" + INFANT_AGE_ZH + "(?:大)?(?:的)?" + BABY_ZH +
         "|新生儿|刚出生|" + INFANT_AGE_ZH + "大(?!了?(?:以后|之后|后))",
         FEVER_ZH), not_before="(?:烧|热|咳|病|吐|拉)(?:了)?$"),
     RedFlag("infant_fever", "infant_fever_en", (INFANT_EN, FEVER_EN)),
@@ -588,12 +588,27 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\b(?:not drinking|barely drinking|hardly drinking|won'?t drink|no (?:wet )?nappies|dry nappies|no tears|no wee)\b",
         r"\b(?:confus\w*|drowsy|floppy|limp|disoriented|not responding)\b|\b(?:doesn'?t|does not) know where (?:she|he) is"),),
     # Sudden testicular pain (torsion): surgery within hours.
-    RedFlag("torsion", "torsion_zh", ("睾丸|蛋蛋|阴囊|下面的蛋", "突然|剧痛|疼得(?:厉害|受不了|直哭)|痛得(?:厉害|受不了)|吐|肿"),),
-    RedFlag("torsion", "torsion_en", (r"\b(?:testic\w*|testes|scrotum|balls?)\b", r"\b(?:sudden\w*|severe|agony|vomit\w*|swollen)\b"),),
+    RedFlag("torsion", "torsion_zh", ("睾丸|蛋蛋|阴囊|下面的蛋|春袋|卵袋",
+                                      "突然|忽然|剧痛|疼得(?:厉害|受不了|直哭)|痛得(?:厉害|受不了)|痛到(?:喊|哭|叫)|吐|肿",
+                                      "疼|痛|肿"),),
+    RedFlag("torsion", "torsion_en", (r"\b(?:testic\w*|testes|scrotum|balls?)\b",
+                                      r"\b(?:sudden\w*|severe|agony|vomit\w*|swollen|threw up|throwing up|being sick|"
+                                      r"one side|really bad(?:ly)?|screaming)\b",
+                                      r"\b(?:pain\w*|hurts?|hurting|ache|aching|agony|swollen|swelling)\b"),),
     # Sudden severe pain in the groin or genitals, said without naming the organ ("down below").
     RedFlag("groin", "groin_zh", ("下身|私处|阴部|腹股沟|大腿根|裆(?:部|里)?", "突然",
                                   "剧痛|疼得(?:厉害|受不了|直哭|打滚|直冒汗)|痛得(?:厉害|受不了|打滚)"),
             unless="经期|月经|例假|大姨妈|生理期|痛经|拉伤|扭伤|抻|运动|跑步|踢球|打球|健身|劈叉"),
+    RedFlag("groin", "hernia_zh", ("疝", "推不回去|推不进去|回不去|卡住|卡在外面|发紫|发黑|变硬|很硬|硬邦邦|剧痛|疼得厉害|痛得厉害"),),
+    RedFlag("groin", "lump_zh", ("腹股沟|大腿根|肚脐|阴囊", "鼓包|包块|肿块|鼓起|疙瘩",
+                                 "推不回去|推不进去|回不去|卡住|发紫|发黑|变硬|很硬|硬邦邦"),),
+    RedFlag("groin", "ovary_zh", ("卵巢", "突然|忽然", "疼|痛"),),
+    RedFlag("groin", "hernia_en", (r"\bhernia\w*|\b(?:groin|belly button|navel|scrotum)\b",
+                                   r"\b(?:won'?t|wont|will not|can'?t|cannot|doesn'?t) (?:go|push|pop|be pushed) (?:back|in)\b|"
+                                   r"\bstuck(?: out)?\b|\bhard and (?:red|painful|purple|tender)\b|\b(?:gone|turned) (?:red|purple|dark)\b"),),
+    RedFlag("groin", "lump_en", (r"\b(?:groin|scrotum)\b", r"\b(?:hard|swollen|tender)\b", r"\b(?:lump|swelling|bulge)\b",
+                                 r"\b(?:crying|screaming|vomit\w*|being sick|threw up|painful|hurts?|agony)\b"),),
+    RedFlag("groin", "ovary_en", (r"\bovar\w*", SUDDEN_EN + r"|\bsevere\b|\bsharp\b", r"\bpain\w*|\bhurts?\b"),),
     RedFlag("groin", "groin_en", (r"\b(?:down below|down there|privates|private parts|groin|crotch|genitals?)\b",
                                   r"\bsudden(?:ly)?\b",
                                   r"\b(?:terrible|severe|agonising|agonizing|excruciating|unbearable|awful|worst)\b|\bin agony\b",
@@ -601,7 +616,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
             unless=r"\bperiods?\b|\bmenstrua\w*|\b(?:pulled|strain\w*|sprain\w*|workout|football|soccer|running|gym|kicking)\b"),
     # Severe abdominal pain; tearing pain into the back.
     RedFlag("abdomen", "severe_zh", (
-        "(?:疼|痛)得" + G4 + "打滚|(?:肚子|肚皮|腹部)" + G4 + "(?:硬得像|硬邦邦|像木板|板一样硬)|撕(?:裂|开)(?:样|一样|般|似的)?(?:的)?(?:疼|痛)|"
+        "(?:疼|痛)得" + G4 + "(?:打滚|冒冷汗|出冷汗|直冒汗|直不起腰)|(?:肚子|肚皮|腹部)" + G4 + "(?:硬得像|硬邦邦|像木板|板一样硬)|撕(?:裂|开)(?:样|一样|般|似的)?(?:的)?(?:疼|痛)|"
         "像撕(?:裂|开)" + G4 + "(?:疼|痛)|刀割(?:样|一样)(?:的)?(?:疼|痛)",),
         unless="经期|月经|例假|大姨妈|生理期|来事|痛经"),
     RedFlag("abdomen", "severe_en", (r"\b(?:rolling around|doubled over) in (?:pain|agony)|\bbelly\b" + E15 + r"\bhard as (?:a )?board|"
@@ -626,8 +641,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "看东西" + G3 + "(?:模糊|不清|看不清|重影)|视物模糊|视力模糊|(?:阴道|下面)" + G3 + "(?:出血|流血)|"
         "(?:出|流)了?(?:好多|很多|一大摊|不少)(?:的)?血|见红|破水|"
         "羊水(?:破|流)|(?:一直|不停)(?:往下)?流水|湿了一大片|流出" + G3 + "水|(?:下面|阴道)" + G4 + "(?:流水|出水)|胎动" + G3 + "(?:少了|减少|变少|没了|消失|不动|感觉不到)|"
-        "(?:没(?:怎么)?|不太|很少)(?:感觉到)?(?:宝宝|孩子|胎儿)(?:在)?动|(?:宝宝|胎儿)(?:不怎么|没怎么|很少)动|(?:肚子|腹部|上腹|胃)" + G3 +
-        "(?:剧痛|疼得(?:厉害|受不了)|痛得(?:厉害|受不了))|抽搐"),
+        "(?:没(?:怎么)?|不太|很少)(?:感觉到)?(?:宝宝|孩子|胎儿)(?:在)?动|(?:宝宝|胎儿)(?:不怎么|没怎么|很少)动|(?:肚子|腹部|上腹|下腹|小腹|胃)" + G6 +
+        "(?:剧痛|疼得(?:厉害|受不了|冒冷汗)|痛得(?:厉害|受不了|冒冷汗))|(?:一侧|一边|左边|右边|左侧|右侧)" + G4 +
+        "(?:小肚子|肚子|下腹|小腹)" + G6 + "(?:剧痛|疼得|痛得|很痛|好痛|很疼|好疼)|抽搐"),
         not_before="(?:预防|怎么避免|如何预防)" + G4 + "$"),
     RedFlag("pregnancy", "warning_en", (
         r"\bpregnan\w*|\bweeks? pregnant|\bexpecting a baby|\bmy (?:wife|daughter|partner) is expecting",
@@ -635,7 +651,9 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         r"\b(?:blurr\w*|spots|flash\w*)|\bseeing (?:spots|flashing lights|stars)|\bflashing lights|\bvaginal bleeding|"
         r"\bbleeding\b|\bwaters?\b" + E20 + r"\b(?:broke|broken|breaking)\b|\bbaby\b" + E15 +
         r"\b(?:moving less|not moving|stopped moving|isn'?t moving|hasn'?t moved)|\b(?:fewer|less|reduced) (?:baby )?"
-        r"movements|\bsevere (?:tummy|stomach|belly|abdominal) pain|\bfit\b|\bseizure"),
+        r"movements|\bsevere (?:tummy|stomach|belly|abdominal) pain|\bfit\b|\bseizure|"
+        r"\b(?:sharp|severe|sudden|intense|terrible|bad)\b" + E20 + r"\bpain\b" + E25 +
+        r"\b(?:one side|left side|right side|lower (?:belly|tummy|abdomen|stomach))"),
         not_before=r"\b(?:prevent|avoid)\b" + E10 + "$"),
 
     RedFlag("pregnancy", "waters_en", (r"\b(?:my|her) waters?\b" + E20 + r"\b(?:broke|broken|breaking)\b",),),

@@ -482,3 +482,29 @@ def test_sudden_severe_groin_pain_unnamed_organ_is_an_emergency(q, lang):
                                      ("sudden severe groin pain after football, did I pull something", "en")])
 def test_groin_near_misses_are_not_emergencies(q, lang):
     assert triage(q, lang, CFG) is None, match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", [
+    "老公右边大腿根那个疝气包块突然推不回去了，很硬很痛，还一直吐", "我爸腹股沟那个鼓包平时能推回去，今天推不回去了，发紫，肚子胀不拉屎",
+    "my hernia is stuck out and very painful and I'm being sick",
+    "baby boy 8 months crying non stop and theres a hard swollen lump in his groin that wasnt there before",
+    "我怀孕6周，左边小肚子突然一阵剧痛，有点出血，头晕", "I'm pregnant and have sudden severe pain on one side of my lower tummy",
+    "我老婆下面突然好痛，一侧小肚子痛得冒冷汗，吐了两次，之前说过有卵巢囊肿", "有卵巢囊肿，突然一边小肚子剧痛，呕吐",
+    "my son is 13 and woke up screaming that his balls hurt really bad on one side, he threw up", "阿仔下面忽然好痛，一边春袋肿晒，痛到喊，點算好",
+    "BB啱啱滿月，發燒38度半，食少咗奶", "BB滿月，發燒38度半"])
+def test_fifth_round_emergencies_trapped_hernia_ectopic_ovary_torsion_and_one_month_old(q):
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "emergency", match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", [
+    "蛋蛋突然有点痒", "睾丸突然有点痒", "三个半月宝宝发烧38.5度", "宝宝3个月零10天，发烧38.2度", "三个多月宝宝发烧38度",
+    "疝气手术后多久可以提重物", "孩子的疝气一定要做手术吗，平时不痛也能推回去", "how long after inguinal hernia surgery can i go back to the gym",
+    "排卵期的时候一边小肚子有点隐隐的痛，正常吗", "怀孕了 右边小肚子有点隐隐作痛", "I have a small painless lump in my groin for months",
+    "腹股沟的淋巴结摸到一个小豆豆，不痛，好几个月了", "痛经痛得冒冷汗怎么办", "my husband says his balls hurt"])
+def test_fifth_round_near_misses_are_not_emergencies(q):
+    assert triage(q, normalize(q).lang, CFG) is None, match_red_flags(q)
+
+
+def test_a_three_month_old_still_counts_as_under_three_months_for_fever():
+    assert triage("3个月宝宝发烧38度", "zh", CFG).kind == "emergency"
