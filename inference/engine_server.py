@@ -14,7 +14,7 @@ merged batch is launched behind the running one (two on the GPU), so the GPU doe
 not wait for this process's Python between batches. Measured on one H200 at
 c = 256 with 4 worker processes: 45.7-57.5k encodes/s against 33-36k/s with an
 engine per worker process on the same machine instances (docs/benchmarks.md,
-sixth session); 50.2-62.9k/s since each worker runs a message as one batch at
+sixth session); 45.8-62.9k/s since each worker runs a message as one batch at
 once (seventh session).
 
 The server holds ``inference.workers`` engines of the GPU (each on its own
