@@ -174,6 +174,7 @@ HEALTH_WORDS: tuple[str, ...] = (
     r"\bworkout|\bwalk(?:ing)?\b|\bnutrition|\bvitamin|\bprotein|\bsalt\b|\bsugar\b|\bsodium|\bfat\b|\bcholesterol|"
     r"\bcough|\bcold\b|\bflu\b|\bfever|\ballerg|\bskin\b|\beyes?\b|\bteeth|\btooth|\bbreath|\bpregnan|\bperiod\b|"
     r"\bstress|\banxi|\bmood|\bdepress|\bsymptom|\bbody\b|\bmuscle|\bbones?\b|\bjoints?\b|\bheadache|\bdizz|\bnause|"
+    r"\bsore\b|\bstrain\w*|\bsprain\w*|\binjur\w*|\bheal(?:s|ing|ed)?\b|\bgroin\b|"
     r"\bvomit|\bdiarrh|\bconstipat|\bdigest|\bdiabet|\bpressure\b|\bsmok|\balcohol|\bhydrat|\bimmun|\bsunscreen|"
     r"\bsunburn|\bheat ?stroke|\baltitude|\bjet ?lag|\bmotion sickness|\bhealthy|\blow[- ]salt|\blow[- ]sugar|"
     r"\bdiabetic|\bgluten|\bsafe to eat|\bnutritious|\bcheck-?up|\bvaccin|\bscreen time|\bposture|\bbad for\b|"
