@@ -47,7 +47,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 def without_lone_surrogates(text: str) -> str:
     """``text`` with each lone surrogate replaced by U+FFFD (the Unicode replacement
     character), so it can be stored, logged and answered; other text is returned as is."""
-    return _LONE_SURROGATE.sub("\ufffd", text) if _LONE_SURROGATE.search(text) else text
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 @dataclass(frozen=True)

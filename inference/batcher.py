@@ -460,10 +460,11 @@ class DynamicBatcher:
         lens = [len(w) for w in windows]
         if min(lens) == 0:
             raise ValueError("empty token window: a window holds at least [bos, eos]")
-        bucket_for(max(lens), self.buckets)
+        longest = max(lens)
+        bucket_for(longest, self.buckets)
         self._admit(len(windows))
-        if kind == _MANY and self._runs_now(lens):
-            return await self._run_now(windows, max(lens))
+        if kind == _MANY and self._runs_now(lens, longest):
+            return await self._run_now(windows, longest)
         req = self._new_request(kind, deadline_ms)
         self._queue_windows(req, windows)
         self._pending += len(windows)
@@ -809,14 +810,14 @@ class DynamicBatcher:
             raise
         return out
 
-    def _runs_now(self, lens: list[int]) -> bool:
-        """True when windows of ``lens`` tokens may skip the queue and run as one batch at
+    def _runs_now(self, lens: list[int], longest: int) -> bool:
+        """True when windows of ``lens`` tokens (the longest ``longest``) may skip the queue and run as one batch at
         once (:meth:`submit_many`): nothing else waits, a batch slot is free, and they fit
         one batch: ≤ ``max_batch_size`` windows, padded cost (longest × count) ≤
         ``max_batch_tokens`` and ≤ 2× their tokens (the bound the buckets keep). The
         batch loop holds one slot while it waits for work, so with ``concurrency`` 1
         (one CPU engine, the default) every call is queued as before."""
-        padded = max(lens) * len(lens)
+        padded = longest * len(lens)
         return (not self._pending and not self._slots.locked() and len(lens) <= self.max_batch_size
                 and padded <= self.max_batch_tokens and padded <= 2 * sum(lens))
 

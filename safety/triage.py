@@ -131,6 +131,9 @@ E6, E10, E15, E20, E25 = _eg(6), _eg(10), _eg(15), _eg(20), _eg(25)
 SUDDEN_ZH = "(?:突然|忽然|突发|一下子|猛地|猛然)"
 PREGNANT_ZH = "(?:怀孕|孕(?:妇|期|晚期|中期|早期|[0-9一二三四五六七八九十]+周|[0-9一二三四五六七八九十]+个月)|妊娠|怀着|怀了|产检)"
 SUDDEN_EN = r"\bsudden(?:ly)?\b"
+PERIOD_ZH = "经期|月经|例假|大姨妈|生理期|痛经"
+# A hernia or lump that is trapped: will not go back, hard, discoloured.
+STUCK_ZH = "推不回去|推不进去|回不去|卡住|发紫|发黑|变硬|很硬|硬邦邦"
 PERSON_EN = r"(?:my|his|her|their|the|your)"
 BABY_ZH = "(?:宝宝|婴儿|孩子|小孩|娃|小宝|宝贝|儿子|女儿|闺女|小家伙|新生儿|bb)"
 # Ages under (and, for recall, exactly) 3 months.
@@ -598,10 +601,10 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     # Sudden severe pain in the groin or genitals, said without naming the organ ("down below").
     RedFlag("groin", "groin_zh", ("下身|私处|阴部|腹股沟|大腿根|裆(?:部|里)?", "突然",
                                   "剧痛|疼得(?:厉害|受不了|直哭|打滚|直冒汗)|痛得(?:厉害|受不了|打滚)"),
-            unless="经期|月经|例假|大姨妈|生理期|痛经|拉伤|扭伤|抻|运动|跑步|踢球|打球|健身|劈叉"),
-    RedFlag("groin", "hernia_zh", ("疝", "推不回去|推不进去|回不去|卡住|卡在外面|发紫|发黑|变硬|很硬|硬邦邦|剧痛|疼得厉害|痛得厉害"),),
+            unless=PERIOD_ZH + "|拉伤|扭伤|抻|运动|跑步|踢球|打球|健身|劈叉"),
+    RedFlag("groin", "hernia_zh", ("疝", STUCK_ZH + "|卡在外面|剧痛|疼得厉害|痛得厉害"),),
     RedFlag("groin", "lump_zh", ("腹股沟|大腿根|肚脐|阴囊", "鼓包|包块|肿块|鼓起|疙瘩",
-                                 "推不回去|推不进去|回不去|卡住|发紫|发黑|变硬|很硬|硬邦邦"),),
+                                 STUCK_ZH),),
     RedFlag("groin", "ovary_zh", ("卵巢", "突然|忽然", "疼|痛"),),
     RedFlag("groin", "hernia_en", (r"\bhernia\w*|\b(?:groin|belly button|navel|scrotum)\b",
                                    r"\b(?:won'?t|wont|will not|can'?t|cannot|doesn'?t) (?:go|push|pop|be pushed) (?:back|in)\b|"
@@ -618,7 +621,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("abdomen", "severe_zh", (
         "(?:疼|痛)得" + G4 + "(?:打滚|冒冷汗|出冷汗|直冒汗|直不起腰)|(?:肚子|肚皮|腹部)" + G4 + "(?:硬得像|硬邦邦|像木板|板一样硬)|撕(?:裂|开)(?:样|一样|般|似的)?(?:的)?(?:疼|痛)|"
         "像撕(?:裂|开)" + G4 + "(?:疼|痛)|刀割(?:样|一样)(?:的)?(?:疼|痛)",),
-        unless="经期|月经|例假|大姨妈|生理期|来事|痛经"),
+        unless=PERIOD_ZH + "|来事"),
     RedFlag("abdomen", "severe_en", (r"\b(?:rolling around|doubled over) in (?:pain|agony)|\bbelly\b" + E15 + r"\bhard as (?:a )?board|"
                                      r"\btearing pain|\bripping pain",),),
     # High blood sugar with symptoms (diabetic ketoacidosis signs).
