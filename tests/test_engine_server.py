@@ -341,9 +341,19 @@ def server_cfg(**kw) -> InferenceConfig:
                            **kw)
 
 
+#: Deadline of the test of many texts below and of its reference encoder. Its "GPU" is the model on
+#: ONE CPU thread (GpuEngineDouble): a round of its texts costs ~1.1 s of CPU there (32 x 16 tokens;
+#: 512 + 196 for the long text) and about as much in the workers' CPU fallback or the reference
+#: encoder: 1.0-2.0 s of wall time on an idle 2-core machine, up to 3.8 s with both cores busy (the
+#: whole suite, CI), past the default 2 s. The longer deadline weakens nothing checked: a request
+#: that waited for a dead server instead of failing over at once still misses it (the remote
+#: engine's timeout is deadline_ms + 1 s), and none may fail.
+CPU_ROUND_DEADLINE_MS = 10_000.0
+
+
 async def _reference(texts: list[str]) -> np.ndarray:
     enc = await Encoder.create(InferenceConfig(engine_order=["onnxruntime"], onnx_precision="fp32",
-                                               fallback_engine=""), ENGINES_DIR)
+                                               fallback_engine="", deadline_ms=CPU_ROUND_DEADLINE_MS), ENGINES_DIR)
     try:
         return await enc.encode(texts)
     finally:
@@ -355,7 +365,8 @@ async def test_worker_processes_run_their_batches_in_the_engine_server_and_survi
     # Enough texts at once that a flush is split over both workers (messages of >= MIN_TEXTS_PER_MESSAGE).
     texts = QUESTIONS * 4 + ["长" * 700]
     ref = await _reference(texts)
-    enc = await ProcessPoolEncoder.create(server_cfg(), ENGINES_DIR, server_loader="worker_doubles:gpu_engine_double")
+    enc = await ProcessPoolEncoder.create(server_cfg(deadline_ms=CPU_ROUND_DEADLINE_MS), ENGINES_DIR,
+                                          server_loader="worker_doubles:gpu_engine_double")
     try:
         assert [w.label for w in enc.workers] == ["cuda:0#0", "cuda:0#1"]
         server = enc.servers[0]
