@@ -110,7 +110,7 @@ def real(cfg, engines_dir, device):
     """Server loader hook: the GPU engine the engine server would load, timed."""
     from inference.engine_server import load_engines
 
-    return _Timed(load_engines(cfg, engines_dir, device)[0], _slots())
+    return _Timed(load_engines(dataclasses.replace(cfg, workers=1), engines_dir, device)[0], _slots())
 
 
 def null(cfg, engines_dir, device):
