@@ -20,17 +20,20 @@ from bot.knowledge import load_knowledge_base
 from bot.retrieval import Retriever
 from bot.store import open_store
 from inference.encoder import open_encoder
+from inference.tokenizer import REVISION as TOKENIZER_REVISION
 
 log = structlog.get_logger("healthbot.runtime")
 
 
 def model_digest(cfg: Config) -> str:
-    """The prepared model's ONNX sha256 from engines/manifest.json ("" if absent)."""
+    """The prepared model's ONNX sha256 from engines/manifest.json ("" if absent) and the
+    tokenizer's :data:`~inference.tokenizer.REVISION`: what cached vectors are keyed by."""
     try:
         manifest = json.loads((cfg.engines_path / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
-    return str(manifest.get("onnx_sha256") or manifest.get("onnx", {}).get("sha256", ""))
+    onnx = str(manifest.get("onnx_sha256") or manifest.get("onnx", {}).get("sha256", ""))
+    return f"{onnx}/tokenizer-{TOKENIZER_REVISION}"
 
 
 @asynccontextmanager

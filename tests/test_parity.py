@@ -459,3 +459,19 @@ def test_runtime_tokenizer_imports_no_torch():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_cached_vectors_are_keyed_by_the_model_and_the_tokenizer_revision(tmp_path, monkeypatch):
+    """A tokenizer that may split some text otherwise (a new REVISION) never reuses vectors
+    the knowledge base cached with the old one."""
+    import dataclasses
+
+    import bot.runtime as runtime
+    from bot.config import Config, InferenceConfig
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"onnx_sha256": "ab12"}), encoding="utf-8")
+    cfg = Config(inference=dataclasses.replace(InferenceConfig(), engines_dir=str(tmp_path)))
+    first = runtime.model_digest(cfg)
+    assert first.startswith("ab12")
+    monkeypatch.setattr(runtime, "TOKENIZER_REVISION", runtime.TOKENIZER_REVISION + 1)
+    assert runtime.model_digest(cfg) != first
