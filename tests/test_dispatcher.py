@@ -192,6 +192,24 @@ async def test_everyday_english_near_misses(dispatcher, q, intent, topic):
     assert (reply.intent, reply.topic) == (intent, topic)
 
 
+@pytest.mark.parametrize("q", [
+    "a bulge in my groin that goes away when I lie down", "I have a painless lump in my groin for months",
+    "my groin has a red itchy rash", "sore inner thigh after the gym", "大腿根部酸痛是怎么回事", "大腿内侧起红疹子痒"])
+async def test_groin_questions_no_topic_covers_get_an_honest_no_answer(dispatcher, q):
+    """They got women.period_pain, digest.acid_reflux, body.sore_throat or body.edema answers
+    (the eighth session's probe); no catalogue topic covers groin lumps, rashes or strains."""
+    reply = await dispatcher.handle(text(q))
+    assert (reply.intent, reply.topic) == (Intent.NO_ANSWER, None)
+
+
+@pytest.mark.parametrize("q, topic", [("身上起湿疹很痒", "body.dry_skin"), ("久坐腿麻怎么办", "exercise.sedentary"),
+                                      ("how do I stretch my hamstrings", "exercise.stretching"),
+                                      ("大腿上长痘痘", "body.acne"), ("my armpits sweat a lot", "body.sweating")])
+async def test_body_questions_beside_the_groin_examples_keep_their_topics(dispatcher, q, topic):
+    reply = await dispatcher.handle(text(q))
+    assert (reply.intent, reply.topic) == (Intent.ANSWER, topic)
+
+
 async def test_no_handoff_starts_where_nobody_can_answer_it(dispatcher):
     # The "test" channel has no relay and the console is off: nobody could take the chat.
     reply = await dispatcher.handle(text("转人工"))
