@@ -131,7 +131,8 @@ E6, E10, E15, E20, E25 = _eg(6), _eg(10), _eg(15), _eg(20), _eg(25)
 SUDDEN_ZH = "(?:突然|忽然|突发|一下子|猛地|猛然)"
 PREGNANT_ZH = "(?:怀孕|孕(?:妇|期|晚期|中期|早期|[0-9一二三四五六七八九十]+周|[0-9一二三四五六七八九十]+个月)|妊娠|怀着|怀了|产检)"
 SUDDEN_EN = r"\bsudden(?:ly)?\b"
-PERIOD_ZH = "经期|月经|例假|大姨妈|生理期|痛经"
+#: Words that put a pain or bleeding in a period (the flags below they cancel add their own).
+PERIOD_ZH = "经期|月经|例假|大姨妈|生理期"
 # A hernia or lump that is trapped: will not go back, hard, discoloured.
 STUCK_ZH = "推不回去|推不进去|回不去|卡住|发紫|发黑|变硬|很硬|硬邦邦"
 PERSON_EN = r"(?:my|his|her|their|the|your)"
@@ -204,7 +205,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("heart_attack", "chest_pain_zh", (
         "(?:胸(?!肌|罩|围|怀|襟|有成竹|针)|心口|心窝|心前区|前胸)(?:口|部|前|膛|腔|里|这)?" + G4 +
         "(?:痛|疼|闷|压(?!力)|紧|憋|堵|绞|攥|揪|勒|难受|不舒服|石头|大石|重物|透不过|喘不)",),
-        unless="经期|月经|例假|生理期|大姨妈|乳房|乳腺|哺乳|喂奶|涨奶|胀奶|咳(?:嗽|得|的时候|时)"),
+        unless=PERIOD_ZH + "|乳房|乳腺|哺乳|喂奶|涨奶|胀奶|咳(?:嗽|得|的时候|时)"),
     RedFlag("heart_attack", "worst_ever_zh", ("(?:胸|心口)" + G4 + "从(?:来)?没(?:有)?(?:这么|那么|如此)" + G2 + "(?:疼|痛|难受|闷)",)),
     RedFlag("heart_attack", "heart_pain_zh", ("心脏" + G3 + "(?:疼|痛|难受|不舒服|揪|绞|压(?!力))|心绞痛",)),
     RedFlag("heart_attack", "event_zh", (
@@ -362,7 +363,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
         "大出血|大量出血|血流不止|血流如注|喷血|(?:伤口|口子)" + G6 + "(?:很深|好深|见骨|止不住|一直(?:流|出)血)|割到(?:动脉|血管)",)),
     RedFlag("bleeding", "a_lot_zh", ("(?:" + BLOOD_ZH + "|出血|流血)" + G2 + "(?:很多|好多|特别多|一大滩|一地)|(?:流|出)了?" + G2 +
                                      "(?:很多|好多|一大滩|一地|一大摊)(?:的)?血",),
-            unless="月经|经期|例假|大姨妈|生理期|牙龈|刷牙"),
+            unless=PERIOD_ZH + "|牙龈|刷牙"),
     RedFlag("bleeding", "uncontrolled_en", (
         r"\bbleed\w*\b" + E20 + r"\b(?:won'?t|will not|wont|doesn'?t|does not|can'?t|isn'?t) stop|"
         r"\b(?:won'?t|can'?t|cannot|couldn'?t) stop (?:the )?bleed\w*|\bblood\b" + E10 + r"\b(?:spurt\w*|pour\w*|gush\w*|everywhere)|"
@@ -601,7 +602,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     # Sudden severe pain in the groin or genitals, said without naming the organ ("down below").
     RedFlag("groin", "groin_zh", ("下身|私处|阴部|腹股沟|大腿根|裆(?:部|里)?", "突然",
                                   "剧痛|疼得(?:厉害|受不了|直哭|打滚|直冒汗)|痛得(?:厉害|受不了|打滚)"),
-            unless=PERIOD_ZH + "|拉伤|扭伤|抻|运动|跑步|踢球|打球|健身|劈叉"),
+            unless=PERIOD_ZH + "|痛经|拉伤|扭伤|抻|运动|跑步|踢球|打球|健身|劈叉"),
     RedFlag("groin", "hernia_zh", ("疝", STUCK_ZH + "|卡在外面|剧痛|疼得厉害|痛得厉害"),),
     RedFlag("groin", "lump_zh", ("腹股沟|大腿根|肚脐|阴囊", "鼓包|包块|肿块|鼓起|疙瘩",
                                  STUCK_ZH),),
@@ -621,7 +622,7 @@ RED_FLAGS: tuple[RedFlag, ...] = (
     RedFlag("abdomen", "severe_zh", (
         "(?:疼|痛)得" + G4 + "(?:打滚|冒冷汗|出冷汗|直冒汗|直不起腰)|(?:肚子|肚皮|腹部)" + G4 + "(?:硬得像|硬邦邦|像木板|板一样硬)|撕(?:裂|开)(?:样|一样|般|似的)?(?:的)?(?:疼|痛)|"
         "像撕(?:裂|开)" + G4 + "(?:疼|痛)|刀割(?:样|一样)(?:的)?(?:疼|痛)",),
-        unless=PERIOD_ZH + "|来事"),
+        unless=PERIOD_ZH + "|痛经|来事"),
     RedFlag("abdomen", "severe_en", (r"\b(?:rolling around|doubled over) in (?:pain|agony)|\bbelly\b" + E15 + r"\bhard as (?:a )?board|"
                                      r"\btearing pain|\bripping pain",),),
     # High blood sugar with symptoms (diabetic ketoacidosis signs).
