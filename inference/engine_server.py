@@ -15,10 +15,11 @@ not wait for this process's Python between batches. Measured on one H200 at
 c = 256 with 4 worker processes: 45.7-57.5k encodes/s against 33-36k/s with an
 engine per worker process on the same machine instances (docs/benchmarks.md,
 sixth session); 45.8-62.9k/s since each worker runs a message as one batch at
-once (seventh session).
+once (seventh session), 51.5-63.7k/s since SentencePiece splits the texts (eighth).
 
 The server holds ``inference.workers`` engines of the GPU (each on its own
-thread; torch_cuda instances share the weights); 1 measured best.
+thread and CUDA stream; torch_cuda instances share the weights); 1 measured best
+(two raised the engine-only ceiling more than the pool: eighth session).
 
 Started by :class:`~inference.process_pool.ProcessPoolEncoder` as ``python -m
 inference.engine_server --fd N`` (a fresh interpreter), with a control socket

