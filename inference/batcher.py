@@ -304,7 +304,8 @@ class DynamicBatcher:
         self.buckets = tuple(sorted(buckets))
         self.stats = BatcherStats()
         self._tokenize = tokenize
-        self._inline_tokenize_max = INLINE_TOKENIZE_MAX if inline_tokenize_max is None else inline_tokenize_max
+        #: Waiting texts tokenized on the event loop itself; more go to the tokenizer thread.
+        self.inline_tokenize_max = INLINE_TOKENIZE_MAX if inline_tokenize_max is None else inline_tokenize_max
         self._queues: dict[int, collections.deque[_Entry]] = {b: collections.deque() for b in self.buckets}
         self._bucket_of = self._bucket_table()
         self._incoming: collections.deque[_Request] = collections.deque()
@@ -634,7 +635,7 @@ class DynamicBatcher:
                 continue
             self._tokenizing = True
             try:
-                if len(chunk) <= self._inline_tokenize_max:
+                if len(chunk) <= self.inline_tokenize_max:
                     windows = self._tokenize_chunk(chunk)
                 else:
                     windows = await loop.run_in_executor(self._tokenizer_thread(), self._tokenize_chunk, chunk)
@@ -677,15 +678,15 @@ class DynamicBatcher:
 
     async def tokenize(self, texts: list[str], prefix: str = "query: ") -> list[list[list[int]]]:
         """Token windows of each text (``tokenize(texts, prefix)``), on the tokenizer thread
-        when more than :data:`INLINE_TOKENIZE_MAX` texts (the fast tokenizer releases the
-        GIL, so this loop keeps batching and delivering meanwhile), else inline.
+        when more than :attr:`inline_tokenize_max` texts (the tokenizer's batch call releases
+        the GIL, so this loop keeps batching and delivering meanwhile), else inline.
 
         Raises:
             RuntimeError: the batcher has no ``tokenize``.
         """
         if self._tokenize is None:
             raise RuntimeError("this DynamicBatcher has no tokenize function")
-        if len(texts) <= self._inline_tokenize_max:
+        if len(texts) <= self.inline_tokenize_max:
             return self._tokenize(texts, prefix)
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread(), self._tokenize, texts, prefix)
 

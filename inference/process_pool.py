@@ -655,6 +655,11 @@ async def _serve(sock: socket.socket) -> int:
         writer.write(frame(("failed", f"{type(exc).__name__}: {exc}")))
         await writer.drain()
         return 1
+    if getattr(encoder, "batcher", None) is not None:
+        # This loop serves nothing but the encoder: a message's texts are tokenized on it,
+        # not handed to the tokenizer thread and back (0.82 ms per 32-text message on the
+        # H200 host, of which 0.27 ms the two hops; docs/benchmarks.md, ninth session).
+        encoder.batcher.inline_tokenize_max = sys.maxsize
     primary = getattr(encoder.pool, "primary", encoder.pool)  # a ModelManager, or a bare pool
     writer.write(frame(("ready", {
         "engine": encoder.engine_name, "precision": primary.precision, "variant": encoder.variant,

