@@ -27,12 +27,16 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import structlog
 
 import yaml
 
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.lexical import BM25, tokenize
 from bot.terms import canonical_terms
+from inference.batcher import DeadlineExceeded
+
+log = structlog.get_logger("healthbot.retrieval")
 
 #: Weight and saturation constant of the lexical part (tuned with ``healthbot eval``).
 LEXICAL_WEIGHT = 0.06
@@ -95,6 +99,34 @@ class SearchResult:
     matches: list[Match]
     off_topic: str | None
     nearest: dict[str, float]
+
+
+#: Texts per ``encode`` call when the knowledge base is embedded (start-up, hot reload).
+EMBED_CHUNK = 64
+
+
+async def _embed_all(encoder: TextEncoder, texts: list[str]) -> list[np.ndarray]:
+    """float32[D] vectors of ``texts``, :data:`EMBED_CHUNK` per ``encode`` call.
+
+    A call past the encoder's request deadline (``inference.deadline_ms``: a CPU
+    shared with other work at start-up) is not fatal: the chunk is halved and tried
+    again, down to one text a call.
+
+    Raises:
+        DeadlineExceeded: one text alone did not finish within the deadline.
+    """
+    out: list[np.ndarray] = []
+    size = EMBED_CHUNK
+    while len(out) < len(texts):
+        chunk = texts[len(out):len(out) + size]
+        try:
+            out.extend(await encoder.encode(chunk))
+        except DeadlineExceeded as exc:
+            if size == 1:
+                raise
+            size //= 2
+            log.warning("kb_embedding_slow", error=str(exc), texts_per_call=size, done=len(out), total=len(texts))
+    return out
 
 
 class Retriever:
@@ -173,8 +205,7 @@ class Retriever:
         if vectors is None:
             known = dict(known or {})
             missing = list(dict.fromkeys(t for t in texts if t not in known))
-            for i in range(0, len(missing), 64):
-                known.update(zip(missing[i:i + 64], await encoder.encode(missing[i:i + 64])))
+            known.update(zip(missing, await _embed_all(encoder, missing)))
             vectors = np.stack([known[t] for t in texts]).astype(np.float32)
             if cache:
                 cache.parent.mkdir(parents=True, exist_ok=True)

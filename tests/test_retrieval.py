@@ -1,0 +1,53 @@
+"""Embedding the knowledge base at start-up (bot/retrieval.py, ``Retriever.build``)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from bot.knowledge import load_knowledge_base
+from bot.retrieval import EMBED_CHUNK, Retriever
+from inference.batcher import DeadlineExceeded
+
+
+class SlowEncoder:
+    """Gives each text a fixed unit vector (from its hash); calls with more than
+    ``fits`` texts raise DeadlineExceeded, as a CPU shared with other work does."""
+
+    engine_name = "fake"
+
+    def __init__(self, fits: int) -> None:
+        self.fits = fits
+        self.calls: list[int] = []
+
+    async def encode(self, texts: list[str], prefix: str = "query: ") -> np.ndarray:
+        self.calls.append(len(texts))
+        if len(texts) > self.fits:
+            raise DeadlineExceeded("inference request not done within its 2.000 s deadline")
+        return np.stack([vector(t) for t in texts])
+
+
+def vector(text: str) -> np.ndarray:
+    v = np.random.default_rng(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")).normal(size=384)
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+async def test_a_slow_start_halves_the_chunks_and_embeds_every_question():
+    kb = load_knowledge_base()
+    slow = SlowEncoder(fits=EMBED_CHUNK // 4)
+    retriever = await Retriever.build(kb, slow)
+    texts, _ = Retriever.example_texts(kb)
+    assert retriever.vectors.shape == (len(texts), 384)
+    np.testing.assert_array_equal(retriever.vectors, np.stack([vector(t) for t in texts]))
+    # 64 and 32 timed out once each; every later call carried 16 texts (the last one fewer)
+    assert slow.calls[:3] == [EMBED_CHUNK, EMBED_CHUNK // 2, EMBED_CHUNK // 4]
+    assert set(slow.calls[2:-1]) == {EMBED_CHUNK // 4} and 1 <= slow.calls[-1] <= EMBED_CHUNK // 4
+
+
+async def test_start_fails_with_the_deadline_when_one_text_alone_is_too_slow():
+    slow = SlowEncoder(fits=0)
+    with pytest.raises(DeadlineExceeded):
+        await Retriever.build(load_knowledge_base(), slow)
+    assert slow.calls == [64, 32, 16, 8, 4, 2, 1]
