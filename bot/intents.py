@@ -165,7 +165,7 @@ HEALTH_WORDS: tuple[str, ...] = (
     r"糖尿|胆固醇|便秘|腹泻|拉肚子|消化|骨头|骨质|骨折|骨科|筋骨|骨密度|抵抗力|免疫|老人|老年|宝宝|婴儿|喝水|喝茶|咖啡|喝酒|抽烟|戒烟|熬夜|精神|"
     r"情绪|压力|焦虑|抑郁|心情|孤独|累|乏力|疲劳|头发|脱发|晕车|晕船|高原|时差|食疗|药膳|进补|滋补|补品|调理|"
     r"少油|少盐|低脂|低糖|清淡|适合.{0,4}吃|能不能吃|能吃吗|可以吃吗|吃了会|对身体|养胃|护肝|长寿|体检|疫苗|"
-    r"伤|出汗|手脚|呼吸|喘|嗓子|喉咙|鼻|耳朵|耳鸣|头痛|头疼|头晕|头皮|肚子|恶心|呕吐|食欲|胃口|嘴唇|口干|干裂|干燥|"
+    r"伤|崴|脚踝|手腕|出汗|手脚|呼吸|喘|嗓子|喉咙|鼻|耳朵|耳鸣|头痛|头疼|头晕|头皮|肚子|恶心|呕吐|食欲|胃口|嘴唇|口干|干裂|干燥|"
     r"脸上|手上|脚上|腿|胳膊|后背|指甲|便|尿|体温|感染|保暖|着凉|受凉|冻疮|痱子|玩手机|看手机|刷手机|屏幕|用眼|"
     r"水土不服|多久合适|危害|好处|坏处|有害|洗手|肩|背(?!景|包|书|单词|后)|酸(?!菜|奶|梅)|梗|中风|癌|瘤|空调|冷气|暖气|熬(?!汤|粥|药|中药)|戒|太久|姿势|坐姿|趴着|驼背|看多久|玩多久",
     r"\bhealth|\bwellness|\bpain\b|\bache|\bhurt|\bsick\b|\bill\b|\bdisease|\bdoctor|\bmedic|\bpills?\b|\bdrugs?\b|"
@@ -174,7 +174,8 @@ HEALTH_WORDS: tuple[str, ...] = (
     r"\bworkout|\bwalk(?:ing)?\b|\bnutrition|\bvitamin|\bprotein|\bsalt\b|\bsugar\b|\bsodium|\bfat\b|\bcholesterol|"
     r"\bcough|\bcold\b|\bflu\b|\bfever|\ballerg|\bskin\b|\beyes?\b|\bteeth|\btooth|\bbreath|\bpregnan|\bperiod\b|"
     r"\bstress|\banxi|\bmood|\bdepress|\bsymptom|\bbody\b|\bmuscle|\bbones?\b|\bjoints?\b|\bheadache|\bdizz|\bnause|"
-    r"\bsore\b|\bstrain\w*|\bsprain\w*|\binjur\w*|\bheal(?:s|ing|ed)?\b|\bgroin\b|"
+    r"\bsore\b|\bstrain\w*|\bsprain\w*|\binjur\w*|\bheal(?:s|ing|ed)?\b|\bgroin\b|\bankles?\b|\bwrists?\b|"
+    r"\belbows?\b|\bhips?\b|\bthighs?\b|\bcalf\b|\bcalves\b|\bhamstrings?\b|"
     r"\bvomit|\bdiarrh|\bconstipat|\bdigest|\bdiabet|\bpressure\b|\bsmok|\balcohol|\bhydrat|\bimmun|\bsunscreen|"
     r"\bsunburn|\bheat ?stroke|\baltitude|\bjet ?lag|\bmotion sickness|\bhealthy|\blow[- ]salt|\blow[- ]sugar|"
     r"\bdiabetic|\bgluten|\bsafe to eat|\bnutritious|\bcheck-?up|\bvaccin|\bscreen time|\bposture|\bbad for\b|"

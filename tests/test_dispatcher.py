@@ -210,6 +210,37 @@ async def test_body_questions_beside_the_groin_examples_keep_their_topics(dispat
     assert (reply.intent, reply.topic) == (Intent.ANSWER, topic)
 
 
+@pytest.mark.parametrize("q", [
+    "运动后肌肉酸痛怎么缓解", "健身完第二天浑身酸痛正常吗", "脚踝扭伤了要冰敷还是热敷", "打球崴脚了怎么处理",
+    "是不是运动过量了 全身酸痛", "肌肉拉伤怎么办", "手腕扭了一下 有点肿", "sore muscles after exercise what helps",
+    "my legs ache two days after the gym", "I twisted my ankle playing football", "my wrist hurts after typing all day"])
+async def test_exercise_soreness_and_sprains_no_topic_covers_get_an_honest_no_answer(dispatcher, q):
+    """They got body.neck_shoulder, body.tension_headache, body.cold_hands_feet, exercise.after_meal,
+    exercise.sedentary, exercise.stretching or body.lower_back answers, and the football ankle
+    out_of_scope (ninth session's probe); no catalogue topic covers exercise soreness, sprains,
+    strains or a sore wrist. (Knee pain when walking or running stays with exercise.walking,
+    whose advice and doctor line cover it.)"""
+    reply = await dispatcher.handle(text(q))
+    assert (reply.intent, reply.topic) == (Intent.NO_ANSWER, None)
+
+
+@pytest.mark.parametrize("q, topic", [
+    ("跑完步小腿抽筋", "body.leg_cramps"), ("腰扭了怎么办", "body.lower_back"), ("运动前要不要拉伸", "exercise.stretching"),
+    ("每周运动多少合适", "exercise.how_much"), ("颈肩酸痛怎么办", "body.neck_shoulder"),
+    ("饭后多久可以运动", "exercise.after_meal"), ("老年人适合什么运动", "exercise.elderly"),
+    ("走路一天多少步合适", "exercise.walking"), ("how much exercise should I do a week", "exercise.how_much"),
+    ("should I stretch before running", "exercise.stretching"), ("I get leg cramps at night", "body.leg_cramps"),
+    ("老是走路膝盖疼 还能走吗", "exercise.walking")])
+async def test_exercise_questions_beside_the_sports_injury_examples_keep_their_topics(dispatcher, q, topic):
+    reply = await dispatcher.handle(text(q))
+    assert (reply.intent, reply.topic) == (Intent.ANSWER, topic)
+
+
+async def test_a_football_question_about_the_match_stays_out_of_scope(dispatcher):
+    # "ankle" now marks a message as possibly about health; the match itself is not.
+    assert (await dispatcher.handle(text("who won the football match last night"))).intent is Intent.OUT_OF_SCOPE
+
+
 async def test_no_handoff_starts_where_nobody_can_answer_it(dispatcher):
     # The "test" channel has no relay and the console is off: nobody could take the chat.
     reply = await dispatcher.handle(text("转人工"))
