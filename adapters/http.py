@@ -33,8 +33,11 @@ def setup_http(app: web.Application, dispatcher) -> None:
     async def chat(request: web.Request) -> web.Response:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            body = None
+        except UnicodeDecodeError:
+            return web.json_response({"error": "body is not valid UTF-8"}, status=400)
+        except json.JSONDecodeError as exc:
+            return web.json_response({"error": f"body is not valid JSON ({exc.msg} at character {exc.pos})"},
+                                     status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": "body must be a JSON object"}, status=400)
         if not isinstance(body.get("text"), str):
