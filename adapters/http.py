@@ -20,6 +20,7 @@ from aiohttp import web
 from bot.types import Inbound, MessageKind
 
 MAX_TEXT_CHARS = 2000  # longer questions are refused with 400; no channel sends more in one message
+MAX_ID_CHARS = 128  # user_id and message_id: longer ones are refused with 400
 
 
 def _dumps(obj) -> str:
@@ -31,12 +32,18 @@ def setup_http(app: web.Application, dispatcher) -> None:
     """Add ``POST /api/chat`` to ``app``, answering through ``dispatcher.handle``."""
 
     async def chat(request: web.Request) -> web.Response:
+        # Bytes, not request.json(): a declared charset such as ``charset=foo`` is not trusted
+        # (LookupError), and JSON is UTF-8 (RFC 8259 section 8.1).
+        raw = await request.read()
         try:
-            body = await request.json()
+            body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
             return web.json_response({"error": "body is not valid UTF-8"}, status=400)
         except json.JSONDecodeError as exc:
             return web.json_response({"error": f"body is not valid JSON ({exc.msg} at character {exc.pos})"},
+                                     status=400)
+        except (ValueError, RecursionError):  # a 5,000-digit number; nesting deeper than the parser's stack
+            return web.json_response({"error": "body is not valid JSON (a number or nesting too large)"},
                                      status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": "body must be a JSON object"}, status=400)
@@ -48,6 +55,13 @@ def setup_http(app: web.Application, dispatcher) -> None:
         lang = body.get("lang")
         if lang not in (None, "zh", "en"):
             return web.json_response({"error": "field 'lang' must be 'zh' or 'en'"}, status=400)
+        for field in ("user_id", "message_id"):
+            value = body.get(field)
+            if value is not None and not (isinstance(value, (str, int)) and not isinstance(value, bool)
+                                          and 0 < len(str(value)) <= MAX_ID_CHARS):
+                return web.json_response(
+                    {"error": f"field '{field}' must be a string or integer of 1-{MAX_ID_CHARS} characters"},
+                    status=400)
         user = str(body.get("user_id") or f"anon-{uuid.uuid4().hex}")
         inbound = Inbound(channel="http", user_id=user, chat_id=user,
                           message_id=str(body.get("message_id") or uuid.uuid4()),

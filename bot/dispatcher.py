@@ -74,6 +74,16 @@ VOICE_OFF_REPLY = {
 }
 
 
+def message_key(inbound: Inbound) -> str:
+    """``<channel>:<user>:<message id>``: one message's identity for exactly-once delivery.
+
+    A message id alone is chosen by the client (HTTP API) or unique only within a chat
+    (Telegram), so the channel's user id is part of the key: a second user who sends the
+    same id gets their own reply, never the first user's.
+    """
+    return f"{inbound.channel}:{inbound.user_id}:{inbound.message_id}"
+
+
 class Dispatcher:
     """Decides and composes the reply to each message, exactly once per message.
 
@@ -127,8 +137,7 @@ class Dispatcher:
             return self._timed(inbound)
 
         try:
-            return await self.once.run((inbound.channel, inbound.message_id), lambda: self._once_everywhere(
-                inbound, compute))
+            return await self.once.run(message_key(inbound), lambda: self._once_everywhere(inbound, compute))
         finally:
             if not computed:  # answered by an in-flight or stored computation
                 metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
@@ -136,18 +145,20 @@ class Dispatcher:
     async def _once_everywhere(self, inbound: Inbound, compute) -> Reply:
         """Exactly once across replicas: the replica that claims the message computes it.
 
-        The claim (``dedup:<channel>:<id>``, :data:`CLAIM_TTL_S`) and the finished reply
-        (``reply:<channel>:<id>``, :data:`REPLY_TTL_S`) live in the store. A replica that
+        The claim (``dedup:<channel>:<user>:<id>``, :data:`CLAIM_TTL_S`) and the finished reply
+        (``reply:<channel>:<user>:<id>``, :data:`REPLY_TTL_S`) live in the store; the key holds
+        the user, so two users who send the same message id never share a reply. A replica that
         loses the claim waits up to :data:`REPLICA_WAIT_S` for the winner's reply, then
         answers nothing (the winner delivers it). A claim whose holder died expires, and
         a later delivery computes again. If the store fails, the message is computed here.
         """
-        reply_key = f"reply:{inbound.channel}:{inbound.message_id}"
+        key = message_key(inbound)
+        reply_key = f"reply:{key}"
         try:
             stored = await self.store.get(reply_key)
             if stored is not None:
                 return Reply.from_json(stored)
-            claimed = await self.store.set_if_absent(f"dedup:{inbound.channel}:{inbound.message_id}", "1", CLAIM_TTL_S)
+            claimed = await self.store.set_if_absent(f"dedup:{key}", "1", CLAIM_TTL_S)
         except StoreError as exc:
             log.warning("dedup.store_unavailable", error=str(exc))
             return await compute()

@@ -1,10 +1,23 @@
 """``healthbot eval``: score the bot on a labelled file (format of ../shared/eval/dev.jsonl).
 
-Scoring (../shared/eval/README.md): intent accuracy over all lines; topic
-accuracy over ``answer`` lines that carry a ``topics`` label (top-1 topic among
-them; an unlabelled answer line counts for intent only);
-emergency recall (emergency lines answered as emergency) and false alarms
-(non-emergency lines answered as emergency).
+Each line: ``q``, ``intent`` (answer | emergency | crisis | refer_doctor | out_of_scope |
+greeting | handoff | no_answer), optionally ``topics`` (answer: the topic ids that count
+as right), ``kind: "crisis"`` (an emergency line about self-harm), ``reason`` (why a
+refer_doctor line needs a clinician) and ``false_premise: true``.
+
+Figures (issue "Answer only what the knowledge base truly answers"):
+
+- intent accuracy over all lines (``crisis`` counts as ``emergency``, the intent the bot
+  reports); topic accuracy over ``answer`` lines that carry ``topics``;
+- emergencies caught: emergency and crisis lines answered as an emergency **or** given a
+  safety-net line; full alarms on other lines (false alarms);
+- confidently wrong: replies that are a topic answer where the line wanted another topic
+  or no topic at all, as a share of all replies;
+- handoff, greeting and refer_doctor recall; false premises agreed with (a topic answer to
+  a false-premise line labelled other than answer);
+- per-intent recall and precision, and a risk-coverage table: for each threshold on the
+  reported confidence, the share of lines that would get an answer and the share of those
+  answers that are wrong.
 """
 
 from __future__ import annotations
@@ -18,6 +31,15 @@ from pathlib import Path
 from bot.dispatcher import Dispatcher
 from bot.types import Inbound, MessageKind
 
+INTENTS = ("answer", "emergency", "refer_doctor", "handoff", "greeting", "out_of_scope", "no_answer")
+#: Confidence thresholds of the risk-coverage table.
+RISK_THRESHOLDS = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+def wanted_intent(row: dict) -> str:
+    """The intent the bot should report for a labelled line (``crisis`` is reported as ``emergency``)."""
+    return "emergency" if row["intent"] == "crisis" else row["intent"]
+
 
 @dataclass
 class EvalResult:
@@ -28,24 +50,66 @@ class EvalResult:
     answer_lines: int = 0
     topic_ok: int = 0
     emergency_lines: int = 0
-    emergency_hit: int = 0
+    emergency_hit: int = 0  # full emergency reply
+    emergency_caught: int = 0  # full reply or safety net
     false_alarms: int = 0
+    safety_nets: int = 0  # safety-net lines given on non-emergency lines
+    confidently_wrong: int = 0
+    false_premises: int = 0
+    premises_agreed: int = 0
     confusion: Counter = field(default_factory=Counter)
+    answers: list[tuple[float, bool]] = field(default_factory=list)  # (confidence, right) of topic answers
     misses: list[dict] = field(default_factory=list)
+
+    def recall(self, intent: str) -> tuple[int, int]:
+        """(lines of ``intent`` the bot got right, lines of ``intent``)."""
+        n = sum(c for (w, _), c in self.confusion.items() if w == intent)
+        return self.confusion[(intent, intent)], n
+
+    def precision(self, intent: str) -> tuple[int, int]:
+        """(replies of ``intent`` that were right, replies of ``intent``)."""
+        n = sum(c for (_, g), c in self.confusion.items() if g == intent)
+        return self.confusion[(intent, intent)], n
+
+    def risk_coverage(self) -> list[dict]:
+        """For each threshold: answers at or above it (share of all lines) and the wrong share among them."""
+        rows = []
+        for t in RISK_THRESHOLDS:
+            kept = [right for conf, right in self.answers if conf >= t]
+            rows.append({"threshold": t, "coverage": _frac(len(kept), self.total),
+                         "risk": _frac(sum(not r for r in kept), len(kept)), "answers": len(kept)})
+        return rows
 
     def summary(self) -> dict:
         """The headline figures as fractions in [0, 1] plus counts."""
-        def frac(a: int, b: int) -> float:
-            return round(a / b, 4) if b else 0.0
-        return {
+        non_emergency = self.total - self.emergency_lines
+        out = {
             "lines": self.total,
-            "intent_accuracy": frac(self.intent_ok, self.total),
-            "topic_accuracy": frac(self.topic_ok, self.answer_lines),
-            "emergency_recall": frac(self.emergency_hit, self.emergency_lines),
+            "intent_accuracy": _frac(self.intent_ok, self.total),
+            "topic_accuracy": _frac(self.topic_ok, self.answer_lines),
+            "emergency_recall": _frac(self.emergency_hit, self.emergency_lines),
+            "emergency_caught": _frac(self.emergency_caught, self.emergency_lines),
             "false_alarms": self.false_alarms,
+            "false_alarm_rate": _frac(self.false_alarms, non_emergency),
+            "safety_nets_on_other_lines": self.safety_nets,
+            "confidently_wrong": _frac(self.confidently_wrong, self.total),
+            "false_premises_agreed": self.premises_agreed,
+            "false_premise_lines": self.false_premises,
             "answer_lines": self.answer_lines,
             "emergency_lines": self.emergency_lines,
         }
+        for intent in INTENTS:
+            hit, n = self.recall(intent)
+            ok, m = self.precision(intent)
+            out[f"recall_{intent}"] = _frac(hit, n)
+            out[f"precision_{intent}"] = _frac(ok, m)
+            out[f"lines_{intent}"] = n
+        out["risk_coverage"] = self.risk_coverage()
+        return out
+
+
+def _frac(a: int, b: int) -> float:
+    return round(a / b, 4) if b else 0.0
 
 
 def read_labelled(path: Path) -> list[dict]:
@@ -60,8 +124,44 @@ def read_labelled(path: Path) -> list[dict]:
             raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
         if "q" not in row or "intent" not in row:
             raise ValueError(f"{path}:{n}: needs 'q' and 'intent'")
+        if wanted_intent(row) not in INTENTS:
+            raise ValueError(f"{path}:{n}: unknown intent {row['intent']!r}")
         rows.append(row)
     return rows
+
+
+def score(res: EvalResult, row: dict, reply) -> None:
+    """Add one labelled line and the bot's reply to ``res``."""
+    got, want = reply.intent.value, wanted_intent(row)
+    net = tuple(getattr(reply, "safety_net", ()) or ())
+    res.total += 1
+    res.confusion[(want, got)] += 1
+    ok = got == want
+    res.intent_ok += ok
+    topic_ok = True
+    if want == "answer" and row.get("topics"):  # unlabelled answer lines count for intent only
+        res.answer_lines += 1
+        topic_ok = reply.topic in row["topics"]
+        res.topic_ok += topic_ok
+    if got == "answer":
+        right = want == "answer" and (not row.get("topics") or reply.topic in row["topics"])
+        res.answers.append((reply.confidence, right))
+        res.confidently_wrong += not right
+    if want == "emergency":
+        res.emergency_lines += 1
+        res.emergency_hit += got == "emergency"
+        res.emergency_caught += got == "emergency" or bool(net)
+    elif got == "emergency":
+        res.false_alarms += 1
+    elif net:
+        res.safety_nets += 1
+    if row.get("false_premise"):
+        res.false_premises += 1
+        res.premises_agreed += got == "answer" and want != "answer"
+    if not ok or not topic_ok:
+        res.misses.append({"q": row["q"], "want": row["intent"], "got": got, "want_topics": row.get("topics"),
+                           "got_topic": reply.topic, "confidence": round(reply.confidence, 3),
+                           "safety_net": list(net)})
 
 
 async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> EvalResult:
@@ -76,24 +176,7 @@ async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> E
         reply = await dispatcher.handle(Inbound(channel="eval", user_id=f"eval-{run}-{i}", chat_id=f"eval-{run}-{i}",
                                                 message_id=f"eval-{run}-{i}", kind=MessageKind.TEXT, text=row["q"],
                                                 lang=None))
-        got, want = reply.intent.value, row["intent"]
-        res.total += 1
-        res.confusion[(want, got)] += 1
-        ok = got == want
-        res.intent_ok += ok
-        topic_ok = True
-        if want == "answer" and row.get("topics"):  # unlabelled answer lines count for intent only
-            res.answer_lines += 1
-            topic_ok = reply.topic in row["topics"]
-            res.topic_ok += topic_ok
-        if want == "emergency":
-            res.emergency_lines += 1
-            res.emergency_hit += got == "emergency"
-        elif got == "emergency":
-            res.false_alarms += 1
-        if not ok or not topic_ok:
-            res.misses.append({"q": row["q"], "want": want, "got": got, "want_topics": row.get("topics"),
-                               "got_topic": reply.topic, "confidence": round(reply.confidence, 3)})
+        score(res, row, reply)
     return res
 
 
@@ -109,17 +192,28 @@ async def retrieval_accuracy(retriever, rows: list[dict]) -> float:
 
 
 def format_report(res: EvalResult) -> str:
-    """A short human-readable report of :class:`EvalResult`."""
+    """A human-readable report of :class:`EvalResult`: headline figures, per intent, risk-coverage."""
     s = res.summary()
     lines = [
-        f"lines              {s['lines']}",
-        f"intent accuracy    {s['intent_accuracy']:.1%}",
-        f"topic accuracy     {_pct(s['topic_accuracy'], s['answer_lines'])}  (on {s['answer_lines']} answer lines "
-        f"with a topic label)",
-        f"emergency recall   {_pct(s['emergency_recall'], s['emergency_lines'])}  (on {s['emergency_lines']} "
-        f"emergency lines)",
-        f"false alarms       {s['false_alarms']}",
+        f"lines                  {s['lines']}",
+        f"intent accuracy        {s['intent_accuracy']:.1%}",
+        f"topic accuracy         {_pct(s['topic_accuracy'], s['answer_lines'])}  (on {s['answer_lines']} answer "
+        f"lines with a topic label)",
+        f"emergencies caught     {_pct(s['emergency_caught'], s['emergency_lines'])}  (full reply or safety net, "
+        f"on {s['emergency_lines']} emergency and crisis lines; full reply {_pct(s['emergency_recall'], 1)})",
+        f"false alarms           {s['false_alarms']}  ({s['false_alarm_rate']:.1%} of other lines; safety-net "
+        f"lines on them: {s['safety_nets_on_other_lines']})",
+        f"confidently wrong      {s['confidently_wrong']:.1%}  (topic answers that miss, share of all replies)",
+        f"false premises agreed  {s['false_premises_agreed']} of {s['false_premise_lines']}",
+        "",
+        "intent         lines  recall  precision",
     ]
+    for intent in INTENTS:
+        lines.append(f"{intent:13}  {s['lines_' + intent]:5}  {_pct(s['recall_' + intent], s['lines_' + intent]):>6}"
+                     f"  {_pct(s['precision_' + intent], res.precision(intent)[1]):>9}")
+    lines += ["", "risk-coverage (topic answers at or above a confidence)", "threshold  coverage  answers  wrong"]
+    for r in s["risk_coverage"]:
+        lines.append(f"{r['threshold']:9.2f}  {r['coverage']:8.1%}  {r['answers']:7}  {_pct(r['risk'], r['answers']):>5}")
     return "\n".join(lines)
 
 

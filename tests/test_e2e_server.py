@@ -140,3 +140,37 @@ def test_http_api_and_health_endpoints(server):
     assert _request(server + "/healthz")[0] == 200
     status, body, _ = _request(server + "/readyz")
     assert status == 200 and "onnxruntime" in body
+
+
+def test_two_users_with_one_message_id_each_get_their_own_reply(server):
+    # /api/chat once deduplicated on the message id alone: the second user received the first's (crisis) reply.
+    def ask(user: str, text: str) -> dict:
+        status, body, _ = _request(server + "/api/chat", json.dumps(
+            {"text": text, "user_id": user, "message_id": "shared-id-1"}).encode())
+        assert status == 200, body
+        return json.loads(body)
+
+    first = ask("leak-a", "我爸胸口疼得厉害，一直出冷汗")
+    second = ask("leak-b", "how much water should I drink a day")
+    assert first["intent"] == "emergency"
+    assert second["intent"] == "answer" and second["topic"] == "nutri.water" and "120" not in second["reply"]
+    assert ask("leak-a", "something else entirely")["reply"] == first["reply"]  # a retry still gets its own reply
+
+
+@pytest.mark.parametrize("body, headers", [
+    (b'{"text": "hi", "n": ' + b"9" * 5000 + b"}", {}),
+    (b"[" * 100_000 + b"]" * 100_000, {}),
+    (b'{"text": "hi", "user_id": {"a": 1}}', {}),
+    (b'{"text": "hi", "message_id": "' + b"x" * 500 + b'"}', {}),
+])
+def test_http_api_refuses_hostile_bodies_with_a_json_400(server, body, headers):
+    status, text, _ = _request(server + "/api/chat", body, headers)
+    assert status == 400, text
+    assert json.loads(text)["error"]
+
+
+def test_http_api_reads_json_as_utf8_whatever_charset_is_declared(server):
+    status, text, _ = _request(server + "/api/chat", '{"text": "你好"}'.encode(),
+                               {"Content-Type": "application/json; charset=foo"})
+    assert status == 200, text
+    assert json.loads(text)["intent"] == "greeting"
