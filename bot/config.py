@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from bot.decision import DecisionConfig
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -247,6 +249,7 @@ class Config:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    decision: DecisionConfig = field(default_factory=DecisionConfig)
     data_dir: str = "data"
     #: ``sqlite:///path.db`` (default: ``<data_dir>/healthbot.db``), ``redis://host:port/db`` or ``memory://``.
     store_url: str = ""
@@ -349,6 +352,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("config key 'wechat.reply_budget_s': must be between 0 and 5 s (WeChat waits 5 s)")
     if not 0.0 <= cfg.knowledge.min_confidence <= 1.0:
         raise ConfigError("config key 'knowledge.min_confidence': must be in [0, 1]")
+    for f in dataclasses.fields(cfg.decision):
+        if not 0.0 <= getattr(cfg.decision, f.name) <= 1.0:
+            raise ConfigError(f"config key 'decision.{f.name}': must be a probability in [0, 1]")
+    if cfg.decision.danger_net > cfg.decision.danger_full:
+        raise ConfigError("config key 'decision.danger_net': must not exceed 'decision.danger_full'")
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,

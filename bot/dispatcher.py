@@ -24,7 +24,9 @@ from typing import Any
 import structlog
 
 from bot import metrics
+from bot.classifier import DecisionHead
 from bot.config import Config
+from bot.decision import decide
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
 from bot.intents import (HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
@@ -41,8 +43,9 @@ from safety.disclaimer import with_disclaimer
 from safety.normalize import normalize, to_user_script
 from safety.pii import pseudonym
 from safety.review import review
-from safety.scope import check_scope
-from safety.triage import triage
+from safety.safety_net import safety_net
+from safety.scope import check_scope, has_medicine, refer_reply
+from safety.triage import crisis_reply, triage
 
 log = structlog.get_logger("healthbot.dispatch")
 
@@ -91,12 +94,14 @@ class Dispatcher:
         cfg: the effective configuration.
         kb: the knowledge base (swappable at run time through :attr:`retriever`).
         retriever: hybrid retrieval over ``kb`` (owns the encoder).
+        head: the learned decision head over the question's embedding (bot/classifier.py).
     """
 
-    def __init__(self, cfg: Config, retriever: Retriever, handoff: HandoffManager | None = None,
+    def __init__(self, cfg: Config, retriever: Retriever, head: DecisionHead, handoff: HandoffManager | None = None,
                  store: Store | None = None):
         self.cfg = cfg
         self.retriever = retriever
+        self.head = head
         self.store: Store = store if store is not None else MemoryStore()
         self.handoff = handoff or HandoffManager(self.store)
         self.sessions = Sessions(self.store)
@@ -274,41 +279,73 @@ class Dispatcher:
         if intent is None and is_abuse(norm):
             return out(abuse_reply(lang), Intent.OUT_OF_SCOPE), {"rule": "abuse"}
         if intent is Intent.HANDOFF:
-            if not agents:  # asked for a person, but no console or agents' group could answer: say so
-                return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.HANDOFF), {"handoff": "no_agents"}
-            await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
-        if intent is not None:
-            return out(intent_reply(intent, lang), intent, handoff=intent is Intent.HANDOFF), {}
+            return await self._handoff(inbound, agents, out, lang, "rule")
         scope = check_scope(norm.text, lang)
-        if scope is not None:
-            return out(scope.reply, Intent.REFER_DOCTOR), {"rule": scope.reason, **notes}
         referral = care_team_reply(norm, lang)
-        if referral is not None:
-            rule, text = referral
-            return out(text, Intent.NO_ANSWER, handoff=True), {"rule": rule, **notes}
         session = await self.sessions.get(inbound.channel, inbound.user_id)
         context = None
-        if session.last_topic and is_follow_up(norm.text):
+        if session.last_topic and session.last_topic in self.kb.topics and is_follow_up(norm.text):
             # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
             context = self.kb.topics[session.last_topic].title[lang]
         try:
             found = await self.retriever.search(norm.text, context=context)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
-            # inference worker process is restarting): the user is asked to resend, not failed.
+            # inference worker process is restarting). What the rules decided still goes out;
+            # otherwise the user is asked to resend, not failed.
+            if intent is not None:
+                return out(intent_reply(intent, lang), intent), {"rule": "rule_intent", "error": type(exc).__name__}
+            if scope is not None:
+                return out(scope.reply, Intent.REFER_DOCTOR), {"rule": scope.reason, "error": type(exc).__name__}
             return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
         engine = self.retriever.encoder.engine_name
         best = found.matches[0]
-        if found.off_topic == "out_of_scope":
-            return out(intent_reply(Intent.OUT_OF_SCOPE, lang), Intent.OUT_OF_SCOPE, engine=engine), {
-                "best_topic": best.topic_id}
-        if found.off_topic == "no_answer" or best.confidence < self.cfg.knowledge.min_confidence:
+        d = decide(self.head.probabilities(found.vector), self.cfg.decision, rule=intent, scope=scope is not None,
+                   care_team=referral is not None, off_topic=found.off_topic, retrieval_confidence=best.confidence,
+                   min_confidence=self.cfg.knowledge.min_confidence)
+        notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
+        net_ids, net_line = (), ""
+        if d.safety_net:
+            net_ids, net_line = safety_net(norm.text, lang, d.safety_net, self._number(lang), self._crisis_line(lang))
+            notes["safety_net"] = list(net_ids)
+
+        def reply(body: str, intent: Intent, **kw: Any) -> Reply:
+            if net_line:
+                body = f"{body}\n{net_line}"
+            return out(body, intent, safety_net=net_ids, engine=engine, **kw)
+
+        if d.intent is Intent.EMERGENCY:
+            body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"
+                    else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', self._number(lang), self._crisis_line(lang))[1]}")
+            return out(body, Intent.EMERGENCY, handoff=True, engine=engine), {**notes, "kind": d.kind}
+        if d.intent is Intent.HANDOFF:
+            return await self._handoff(inbound, agents, out, lang, "head")
+        if d.intent is Intent.REFER_DOCTOR:
+            body = scope.reply if scope is not None and d.source == "rule" else refer_reply("prescription" if has_medicine(norm.text) else "diagnosis", lang, norm.text)
+            return reply(body, Intent.REFER_DOCTOR), {**notes, "rule": scope.reason if scope and d.source == "rule" else "head"}
+        if d.intent is Intent.NO_ANSWER and d.source == "rule" and referral is not None:
+            return reply(referral[1], Intent.NO_ANSWER, handoff=True), {**notes, "rule": referral[0]}
+        if d.intent in (Intent.GREETING, Intent.OUT_OF_SCOPE):
+            return reply(intent_reply(d.intent, lang), d.intent), notes
+        if d.intent is Intent.NO_ANSWER:
             session.no_answer_streak += 1
             await self.sessions.save(inbound.channel, inbound.user_id, session)
-            return out(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=best.confidence,
-                       engine=engine, handoff=True), {"best_topic": best.topic_id, **notes}
+            return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=best.confidence * d.fit,
+                         handoff=True), notes
         topic = self.kb.topics[best.topic_id]
         session.last_topic, session.no_answer_streak = topic.id, 0
         await self.sessions.save(inbound.channel, inbound.user_id, session)
-        reply = out(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=best.confidence, engine=engine)
-        return reply, notes
+        return reply(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=best.confidence * d.fit), notes
+
+    async def _handoff(self, inbound: Inbound, agents: bool, out, lang: str, source: str) -> tuple[Reply, dict]:
+        """Start a handoff where a person can take it; else say honestly that nobody is available."""
+        if not agents:  # asked for a person, but no console or agents' group could answer: say so
+            return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.HANDOFF), {"handoff": "no_agents", "decided_by": source}
+        await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
+        return out(intent_reply(Intent.HANDOFF, lang), Intent.HANDOFF, handoff=True), {"decided_by": source}
+
+    def _number(self, lang: str) -> str:
+        return self.cfg.safety.emergency_number_zh if lang == "zh" else self.cfg.safety.emergency_number_en
+
+    def _crisis_line(self, lang: str) -> str:
+        return self.cfg.safety.crisis_line_zh if lang == "zh" else self.cfg.safety.crisis_line_en

@@ -15,9 +15,14 @@ process goes through the same processors:
    value wherever it appears in a string become ``***``;
 5. :func:`mask_personal_data`: :func:`safety.pii.mask_pii` on every string value of
    the event, nested dicts, lists and tuples included (phone numbers, resident ID
-   numbers, e-mails, street addresses → ``[PHONE]``, ``[ID]``, ``[EMAIL]``, ``[ADDRESS]``);
+   numbers, e-mails, street addresses → ``[PHONE]``, ``[ID]``, ``[EMAIL]``, ``[ADDRESS]``),
+   except message ids (:data:`MESSAGE_ID_KEYS`: an 18-digit WeChat MsgId looks like
+   an ID number, and a masked one can no longer be followed through the log);
 6. :class:`structlog.processors.JSONRenderer` (one JSON object per line, UTF-8
    text unescaped) or :class:`structlog.dev.ConsoleRenderer`.
+
+Standard-library lines also pass :class:`ClientErrorFilter` first: aiohttp's traceback
+for a request it could not parse (a client's 4xx) becomes one warning line.
 
 Format: ``json``, ``console``, or ``auto`` (console when the stream is a terminal,
 JSON otherwise — containers and log shippers get JSON).
@@ -39,7 +44,8 @@ from structlog.typing import EventDict, Processor
 from safety.pii import mask_pii
 
 __all__ = ["LOG_FORMATS", "REQUEST_ID_HEADER", "configure_logging", "config_secrets", "mask_personal_data",
-           "SecretScrubber", "new_request_id", "request_id_from_header", "ensure_request_id", "current_request_id"]
+           "SecretScrubber", "ClientErrorFilter", "new_request_id", "request_id_from_header", "ensure_request_id",
+           "current_request_id"]
 
 #: Accepted values of ``--log-format``.
 LOG_FORMATS = ("auto", "json", "console")
@@ -55,6 +61,15 @@ _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:\-]{1,64}")
 #: Keys whose values are never logged: the last ``_``-separated part(s) of the key name.
 _SECRET_KEY = re.compile(r"(?:^|_)(?:token|secret|password|passwd|aes_key|encoding_aes_key|api_key|apikey|"
                          r"authorization|cookie|credentials?)$", re.IGNORECASE)
+
+#: Keys whose values are message or request ids, left unmasked when they look like an id
+#: (:data:`_ID_VALUE`): ``message_id``, ``telegram_message_id``, ``msg_id``, ``msgid``, ``update_id``,
+#: ``request_id``, any letter case.
+MESSAGE_ID_KEYS = re.compile(r"(?:^|_)(?:message_id|msg_id|msgid|update_id|request_id)$", re.IGNORECASE)
+
+#: An id as the channels make them (digits; ``chat:message``; ``openid:time:event``): no spaces, no
+#: ``@``, at most 160 characters. Free text under an id key is masked like any other value.
+_ID_VALUE = re.compile(r"[0-9A-Za-z_.:\-]{1,160}")
 
 #: Configured secret values shorter than this (characters) are not searched for inside
 #: other strings (a 3-letter token would blank out ordinary words); their keys still are.
@@ -100,11 +115,15 @@ def ensure_request_id() -> Iterator[str]:
 # ------------------------------------------------------------------ processors
 
 
-def _mask(value: Any) -> Any:
+def _is_message_id(key: Any, value: str) -> bool:
+    return isinstance(key, str) and bool(MESSAGE_ID_KEYS.search(key)) and bool(_ID_VALUE.fullmatch(value))
+
+
+def _mask(value: Any, key: Any = None) -> Any:
     if isinstance(value, str):
-        return mask_pii(value)
+        return value if _is_message_id(key, value) else mask_pii(value)
     if isinstance(value, dict):
-        return {k: _mask(v) for k, v in value.items()}
+        return {k: _mask(v, k) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_mask(v) for v in value]
     return value
@@ -112,10 +131,11 @@ def _mask(value: Any) -> Any:
 
 def mask_personal_data(logger: Any, method: str, event_dict: EventDict) -> EventDict:
     """structlog processor: :func:`safety.pii.mask_pii` on every string value, recursively
-    (the event message included). Non-string scalars are left as they are."""
+    (the event message included), except id-shaped values of :data:`MESSAGE_ID_KEYS`.
+    Non-string scalars are left as they are (an int MsgId is never masked)."""
     for key, value in event_dict.items():
         if isinstance(value, (str, dict, list, tuple, set, frozenset)):
-            event_dict[key] = _mask(value)
+            event_dict[key] = _mask(value, key)
     return event_dict
 
 
@@ -150,6 +170,26 @@ class SecretScrubber:
         for key, value in event_dict.items():
             event_dict[key] = self._scrub(key, value)
         return event_dict
+
+
+class ClientErrorFilter(logging.Filter):
+    """Standard-library filter: aiohttp's "Error handling request" for a request it could not
+    parse (a 4xx the client caused: bytes not allowed in the URL, an oversized header line …)
+    becomes one WARNING line naming the problem, without a traceback; aiohttp answers 400 itself.
+    Tracebacks of real server errors (5xx, bugs) are kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.name == "aiohttp.server" and exc is not None:
+            from aiohttp.http_exceptions import HttpProcessingError  # noqa: PLC0415 - only when needed
+
+            if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+                first_line = str(exc.message or type(exc).__name__).strip().splitlines()[0:1]
+                record.msg, record.args = "malformed HTTP request (%s %s): %s", (
+                    exc.code, type(exc).__name__, first_line[0][:200] if first_line else "")
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+                record.exc_info, record.exc_text = None, None
+        return True
 
 
 def _add_logger_name(logger: Any, method: str, event_dict: EventDict) -> EventDict:
@@ -223,6 +263,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto", secrets: Iterable[
     )
     # Standard-library loggers (aiohttp, telegram, httpx, asyncio): same processors, same stream.
     handler = logging.StreamHandler(stream)
+    handler.addFilter(ClientErrorFilter())
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[structlog.contextvars.merge_contextvars, structlog.stdlib.add_logger_name],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *_shared_processors(secrets),

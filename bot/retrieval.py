@@ -93,18 +93,21 @@ class SearchResult:
         off_topic: "out_of_scope" or "no_answer" when a labelled example of that
             kind is nearer than the best topic by the kind's margin, else None.
         nearest: best cosine to the examples of each non-answer kind.
+        vector: float32[D], the embedding of the question alone (no context), which the
+            decision head (bot/classifier.py) reads: one encoder call serves both.
     """
 
     matches: list[Match]
     off_topic: str | None
     nearest: dict[str, float]
+    vector: np.ndarray | None = None
 
 
 #: Texts per ``encode`` call when the knowledge base is embedded (start-up, hot reload).
 EMBED_CHUNK = 64
 
 
-async def _embed_all(encoder: TextEncoder, texts: list[str]) -> list[np.ndarray]:
+async def embed_all(encoder: TextEncoder, texts: list[str]) -> list[np.ndarray]:
     """float32[D] vectors of ``texts``, :data:`EMBED_CHUNK` per ``encode`` call.
 
     A call past the encoder's request deadline (``inference.deadline_ms``: a CPU
@@ -204,7 +207,7 @@ class Retriever:
         if vectors is None:
             known = dict(known or {})
             missing = list(dict.fromkeys(t for t in texts if t not in known))
-            known.update(zip(missing, await _embed_all(encoder, missing)))
+            known.update(zip(missing, await embed_all(encoder, missing)))
             vectors = np.stack([known[t] for t in texts]).astype(np.float32)
             if cache:
                 cache.parent.mkdir(parents=True, exist_ok=True)
@@ -264,7 +267,7 @@ class Retriever:
         beaten = [k for k in ("out_of_scope", "no_answer")
                   if k in nearest and nearest[k] > dense[order[0]] + OFF_TOPIC_MARGIN[k]]
         off_topic = max(beaten, key=nearest.__getitem__) if beaten else None  # the nearer kind wins
-        return SearchResult(out, off_topic, nearest)
+        return SearchResult(out, off_topic, nearest, qs[-1])
 
 
 def confidence(score: float, margin: float) -> float:

@@ -13,6 +13,7 @@ from typing import AsyncIterator
 import structlog
 from threadpoolctl import threadpool_limits
 
+from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.dispatcher import Dispatcher
 from bot.handoff import HandoffManager
@@ -62,7 +63,10 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) ->
     try:
         retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
                                           model_digest=model_digest(cfg) + encoder.variant)
-        dispatcher = Dispatcher(cfg, retriever, handoff, store)
+        head = await DecisionHead.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
+                                        model_digest=model_digest(cfg) + encoder.variant,
+                                        known=retriever.known_vectors())
+        dispatcher = Dispatcher(cfg, retriever, head, handoff, store)
         log.info("ready", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
         try:
             yield dispatcher

@@ -103,6 +103,8 @@ class Reply:
         engine: name of the inference engine that embedded the question, if any.
         latency_ms: time spent in the dispatcher, milliseconds.
         handoff: True when the bot offers or starts a human handoff.
+        safety_net: the warning-sign families (safety/safety_net.yaml) of the safety-net line
+            the reply carries when danger was possible but not certain; empty when none.
     """
 
     text: str
@@ -113,6 +115,7 @@ class Reply:
     engine: str | None = None
     latency_ms: float = 0.0
     handoff: bool = False
+    safety_net: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         """Every field as JSON (shared between replicas through the store)."""
@@ -122,7 +125,7 @@ class Reply:
     def from_json(cls, raw: str) -> "Reply":
         """The inverse of :meth:`to_json`."""
         data = json.loads(raw)
-        return cls(**{**data, "intent": Intent(data["intent"])})
+        return cls(**{**data, "intent": Intent(data["intent"]), "safety_net": tuple(data.get("safety_net", ()))})
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON shape of ``healthbot ask --json`` and ``POST /api/chat``."""
@@ -134,4 +137,5 @@ class Reply:
             "engine": self.engine,
             "latency_ms": round(self.latency_ms, 2),
             "lang": self.lang,
+            "safety_net": list(self.safety_net),
         }

@@ -442,6 +442,15 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
     return ScopeResult(reason=rule.reason, reply=refer_reply(rule.reason, lang, view)) if rule else None
 
 
+_MEDICINE = re.compile(f"{DRUG_ZH}|\\b{DRUG_EN}")
+
+
+def has_medicine(text: str) -> bool:
+    """True when a normalized message names a medicine or medicine form (:data:`DRUG_ZH`, :data:`DRUG_EN`):
+    a referral then names the pharmacist as well as the doctor."""
+    return bool(_MEDICINE.search(text))
+
+
 def matching_rule(text: str) -> str | None:
     """Name of the first scope rule matching ``text`` (``"<reason>.<name>"``), for tests and logs."""
     rule = _first_rule(normalize(text).text)

@@ -1,0 +1,112 @@
+"""The decision policy: rules and the learned head, combined in one documented place.
+
+Inputs: what the rules found (bot/intents.py rule intent, safety/scope.py referral,
+the care-team rules), the decision head's calibrated label probabilities
+(bot/classifier.py) and retrieval's best topic and confidence. Output: one
+:class:`Decision`. The red-flag rules (safety/triage.py) run before this, without the
+embedding, so a rule emergency is answered even when the inference pool is busy.
+
+Order (first that holds wins; thresholds are :class:`DecisionConfig`):
+
+1. danger = p(emergency) + p(crisis) >= ``danger_full`` -> the emergency reply, or the
+   crisis reply when p(crisis) > p(emergency);
+2. otherwise danger >= ``danger_net`` sets a safety net: whatever is decided below goes
+   out with a line naming the warning signs and when to call 120 (safety/safety_net.py);
+3. a rule greeting, or the head's greeting >= ``greeting``;
+4. the head's handoff >= ``handoff`` (the rule handoff is handled before encoding);
+5. a scope rule -> refer_doctor with the rule's specific reply;
+6. a rule out-of-scope, retrieval's nearest-example out_of_scope, or the head's
+   out_of_scope >= ``out_of_scope``;
+7. a care-team rule -> no_answer with its own text;
+8. the head's refer_doctor >= ``refer`` -> refer_doctor (a clinician or pharmacist);
+9. an answer only when the head's answer >= ``answer``, retrieval found no nearer
+   non-answer example, and retrieval's confidence >= ``knowledge.min_confidence``;
+10. else no_answer (honest: cannot answer reliably, see a doctor).
+
+The thresholds were chosen on the project's own files (evals/safety.jsonl, the dev
+set), never on a blind batch; `healthbot eval FILE` shows their effect (risk-coverage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bot.types import Intent
+
+
+@dataclass
+class DecisionConfig:
+    """Probability thresholds of the decision policy (``decision:`` in the config file)."""
+
+    danger_full: float = 0.8
+    danger_net: float = 0.12
+    greeting: float = 0.6
+    handoff: float = 0.6
+    out_of_scope: float = 0.6
+    refer: float = 0.5
+    answer: float = 0.5
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to reply.
+
+    Attributes:
+        intent: the reported intent.
+        source: what decided it: ``"rule"``, ``"head"`` or ``"retrieval"``.
+        kind: for an emergency, ``"emergency"`` or ``"crisis"``; else ``""``.
+        safety_net: ``"emergency"`` or ``"crisis"`` when a safety-net line goes with the reply, else ``""``.
+        fit: the probability that a topic answer fits (the head's p(answer)); 0 for others.
+    """
+
+    intent: Intent
+    source: str
+    kind: str = ""
+    safety_net: str = ""
+    fit: float = 0.0
+    notes: dict = field(default_factory=dict)
+
+
+def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None, scope: bool, care_team: bool,
+           off_topic: str | None, retrieval_confidence: float, min_confidence: float) -> Decision:
+    """Apply the policy of this module's docstring.
+
+    Args:
+        probs: the head's ``{label: probability}`` (bot/classifier.py :data:`LABELS`).
+        cfg: the thresholds.
+        rule: the rule intent (greeting or out_of_scope; handoff is handled earlier), or None.
+        scope: a scope rule matched (a referral with its own reply).
+        care_team: a care-team rule matched (a no_answer with its own reply).
+        off_topic: retrieval's nearest-example verdict (``"out_of_scope"``, ``"no_answer"``, None).
+        retrieval_confidence: the best topic's calibrated retrieval confidence in [0, 1].
+        min_confidence: ``knowledge.min_confidence``.
+    """
+    danger = probs["emergency"] + probs["crisis"]
+    kind = "crisis" if probs["crisis"] > probs["emergency"] else "emergency"
+    notes = {"p_" + k: round(v, 3) for k, v in probs.items() if v >= 0.01}
+    if danger >= cfg.danger_full:
+        return Decision(Intent.EMERGENCY, "head", kind=kind, notes=notes)
+    net = kind if danger >= cfg.danger_net else ""
+
+    def out(intent: Intent, source: str, fit: float = 0.0) -> Decision:
+        return Decision(intent, source, safety_net=net, fit=fit, notes=notes)
+
+    if rule is Intent.GREETING:
+        return out(Intent.GREETING, "rule")
+    if probs["greeting"] >= cfg.greeting:
+        return out(Intent.GREETING, "head")
+    if probs["handoff"] >= cfg.handoff:
+        return out(Intent.HANDOFF, "head")
+    if scope:
+        return out(Intent.REFER_DOCTOR, "rule")
+    if rule is Intent.OUT_OF_SCOPE:
+        return out(Intent.OUT_OF_SCOPE, "rule")
+    if probs["out_of_scope"] >= cfg.out_of_scope or off_topic == "out_of_scope" and probs["answer"] < cfg.answer:
+        return out(Intent.OUT_OF_SCOPE, "head")
+    if care_team:
+        return out(Intent.NO_ANSWER, "rule")
+    if probs["refer_doctor"] >= cfg.refer:
+        return out(Intent.REFER_DOCTOR, "head")
+    if probs["answer"] >= cfg.answer and off_topic is None and retrieval_confidence >= min_confidence:
+        return out(Intent.ANSWER, "head", fit=probs["answer"])
+    return out(Intent.NO_ANSWER, "head" if probs["answer"] < cfg.answer else "retrieval")

@@ -1,0 +1,89 @@
+"""The decision policy (bot/decision.py), the head's training and calibration (bot/classifier.py),
+and safety-net lines (safety/safety_net.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bot.classifier import LABELS, expected_calibration_error, fit_head
+from bot.decision import DecisionConfig, decide
+from bot.types import Intent
+from safety.safety_net import safety_net
+
+CFG = DecisionConfig()
+
+
+def probs(**given: float) -> dict[str, float]:
+    """A probability for every label: the given ones, the rest sharing what is left."""
+    rest = (1.0 - sum(given.values())) / (len(LABELS) - len(given))
+    return {label: given.get(label, rest) for label in LABELS}
+
+
+def run(p: dict[str, float], rule=None, scope=False, care_team=False, off_topic=None, confidence=0.9):
+    return decide(p, CFG, rule=rule, scope=scope, care_team=care_team, off_topic=off_topic,
+                  retrieval_confidence=confidence, min_confidence=0.5)
+
+
+def test_likely_danger_is_the_emergency_reply_and_crisis_when_self_harm_is_likelier():
+    assert run(probs(emergency=0.7, answer=0.2)).intent is Intent.EMERGENCY
+    d = run(probs(crisis=0.5, emergency=0.2, answer=0.2))
+    assert d.intent is Intent.EMERGENCY and d.kind == "crisis"
+
+
+def test_possible_danger_keeps_the_answer_and_adds_a_safety_net():
+    d = run(probs(emergency=0.2, answer=0.7))
+    assert d.intent is Intent.ANSWER and d.safety_net == "emergency" and d.fit == pytest.approx(0.7)
+    assert run(probs(emergency=0.05, answer=0.9)).safety_net == ""
+
+
+def test_an_answer_needs_the_head_retrieval_confidence_and_no_nearer_non_answer_example():
+    assert run(probs(answer=0.9)).intent is Intent.ANSWER
+    assert run(probs(answer=0.9), confidence=0.3).intent is Intent.NO_ANSWER
+    assert run(probs(answer=0.9), off_topic="no_answer").intent is Intent.NO_ANSWER
+    assert run(probs(answer=0.4, no_answer=0.5)).intent is Intent.NO_ANSWER
+
+
+def test_rules_keep_their_say_and_the_head_adds_what_rules_miss():
+    assert run(probs(answer=0.9), rule=Intent.GREETING).intent is Intent.GREETING
+    assert run(probs(answer=0.9), scope=True).intent is Intent.REFER_DOCTOR
+    d = run(probs(answer=0.9), care_team=True)  # after surgery, a diet for a named disease: the care team's, not ours
+    assert d.intent is Intent.NO_ANSWER and d.source == "rule"
+    assert run(probs(handoff=0.8)).intent is Intent.HANDOFF
+    assert run(probs(greeting=0.8)).intent is Intent.GREETING
+    assert run(probs(refer_doctor=0.7, answer=0.2)).intent is Intent.REFER_DOCTOR
+    assert run(probs(out_of_scope=0.7)).intent is Intent.OUT_OF_SCOPE
+
+
+def test_training_is_deterministic_and_the_report_says_how_calibrated_it_is():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(len(LABELS), 16))
+    y = np.repeat(np.arange(len(LABELS)), 40)
+    x = centres[y] + rng.normal(scale=1.5, size=(len(y), 16))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    a, b = fit_head(x, y), fit_head(x, y)
+    np.testing.assert_array_equal(a[0].w1, b[0].w1)
+    net, temperature, report = a
+    assert net.w1.shape == (16, 256) and net.logits(x[:3]).shape == (3, len(LABELS))
+    assert report["held_out"] == 64 and set(report["recall"]) == set(LABELS)
+    assert report["log_loss"]["calibrated"] <= report["log_loss"]["raw"] + 1e-9
+    assert 0.0 <= report["ece"]["calibrated"] <= 1.0 and temperature > 0
+
+
+def test_expected_calibration_error_is_zero_when_confidence_matches_accuracy():
+    p = np.array([[1.0, 0.0]] * 4)
+    assert expected_calibration_error(p, np.zeros(4, dtype=int)) == 0.0
+    assert expected_calibration_error(p, np.array([0, 0, 1, 1])) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("text, lang, kind, family, words", [
+    ("宝宝发烧 手脚冰凉", "zh", "emergency", "child", "按压不褪色"),
+    ("怀孕32周 脚肿得厉害", "zh", "emergency", "pregnancy", "胎动"),
+    ("my dad's chest feels tight", "en", "emergency", "heart", "112 / 911"),
+    ("i just feel off today", "en", "emergency", "general", "112 / 911"),
+    ("活着好累", "zh", "crisis", "crisis", "12356"),
+])
+def test_safety_net_names_the_warning_signs_that_fit_the_message(text, lang, kind, family, words):
+    number = "120" if lang == "zh" else "112 / 911"
+    ids, line = safety_net(text, lang, kind, number, "12356" if lang == "zh" else "988")
+    assert ids[0] == family and words in line
