@@ -20,7 +20,8 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
 7. a care-team rule -> no_answer with its own text;
 8. the head's refer_doctor >= ``refer`` -> refer_doctor (a clinician or pharmacist);
 9. an answer only when the head's answer >= ``answer``, retrieval found no nearer
-   non-answer example, and retrieval's confidence >= ``knowledge.min_confidence``;
+   non-answer example, retrieval's confidence >= ``knowledge.min_confidence``, and the
+   topic covers every population or named disease the question names (bot/topic_scope.py);
 10. else no_answer (honest: cannot answer reliably, see a doctor).
 
 The thresholds were chosen on the project's own files (evals/safety.jsonl, the dev
@@ -68,7 +69,8 @@ class Decision:
 
 
 def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None, scope: bool, care_team: bool,
-           off_topic: str | None, retrieval_confidence: float, min_confidence: float) -> Decision:
+           off_topic: str | None, retrieval_confidence: float, min_confidence: float,
+           scope_gap: str | None = None) -> Decision:
     """Apply the policy of this module's docstring.
 
     Args:
@@ -80,6 +82,7 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         off_topic: retrieval's nearest-example verdict (``"out_of_scope"``, ``"no_answer"``, None).
         retrieval_confidence: the best topic's calibrated retrieval confidence in [0, 1].
         min_confidence: ``knowledge.min_confidence``.
+        scope_gap: a population or disease the question names that the best topic does not cover.
     """
     danger = probs["emergency"] + probs["crisis"]
     kind = "crisis" if probs["crisis"] > probs["emergency"] else "emergency"
@@ -107,6 +110,10 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         return out(Intent.NO_ANSWER, "rule")
     if probs["refer_doctor"] >= cfg.refer:
         return out(Intent.REFER_DOCTOR, "head")
-    if probs["answer"] >= cfg.answer and off_topic is None and retrieval_confidence >= min_confidence:
+    if probs["answer"] < cfg.answer:
+        return out(Intent.NO_ANSWER, "head")
+    if scope_gap is not None:
+        return out(Intent.NO_ANSWER, "topic_scope")
+    if off_topic is None and retrieval_confidence >= min_confidence:
         return out(Intent.ANSWER, "head", fit=probs["answer"])
-    return out(Intent.NO_ANSWER, "head" if probs["answer"] < cfg.answer else "retrieval")
+    return out(Intent.NO_ANSWER, "retrieval")

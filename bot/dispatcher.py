@@ -302,7 +302,8 @@ class Dispatcher:
         best = found.matches[0]
         d = decide(self.head.probabilities(found.vector), self.cfg.decision, rule=intent, scope=scope is not None,
                    care_team=referral is not None, off_topic=found.off_topic, retrieval_confidence=best.confidence,
-                   min_confidence=self.cfg.knowledge.min_confidence)
+                   min_confidence=self.cfg.knowledge.min_confidence,
+                   scope_gap=self.retriever.scope.uncovered(norm.text, best.topic_id))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:

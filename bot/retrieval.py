@@ -33,6 +33,7 @@ import yaml
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.lexical import BM25, tokenize
 from bot.terms import canonical_terms
+from bot.topic_scope import TopicScope
 from inference.batcher import DeadlineExceeded
 
 log = structlog.get_logger("healthbot.retrieval")
@@ -141,6 +142,7 @@ class Retriever:
     def __init__(self, kb: KnowledgeBase, encoder: TextEncoder, vectors: np.ndarray, owners: np.ndarray,
                  example_vectors: dict[str, np.ndarray]):
         self.kb = kb
+        self.scope = TopicScope(kb)  # which topics cover which populations and named diseases
         self.encoder = encoder
         self.topic_ids = list(kb.topics)
         self.vectors = vectors          # float32[M, D], one row per example question / title

@@ -26,8 +26,8 @@ def run(p: dict[str, float], rule=None, scope=False, care_team=False, off_topic=
 
 
 def test_likely_danger_is_the_emergency_reply_and_crisis_when_self_harm_is_likelier():
-    assert run(probs(emergency=0.7, answer=0.2)).intent is Intent.EMERGENCY
-    d = run(probs(crisis=0.5, emergency=0.2, answer=0.2))
+    assert run(probs(emergency=0.85, answer=0.1)).intent is Intent.EMERGENCY
+    d = run(probs(crisis=0.6, emergency=0.25, answer=0.1))
     assert d.intent is Intent.EMERGENCY and d.kind == "crisis"
 
 
@@ -87,3 +87,23 @@ def test_safety_net_names_the_warning_signs_that_fit_the_message(text, lang, kin
     number = "120" if lang == "zh" else "112 / 911"
     ids, line = safety_net(text, lang, kind, number, "12356" if lang == "zh" else "988")
     assert ids[0] == family and words in line
+
+
+def test_an_answer_needs_a_topic_that_covers_the_population_or_disease_named():
+    assert run(probs(answer=0.9)).intent is Intent.ANSWER
+    d = decide(probs(answer=0.9), CFG, rule=None, scope=False, care_team=False, off_topic=None,
+               retrieval_confidence=0.9, min_confidence=0.5, scope_gap="infant")
+    assert d.intent is Intent.NO_ANSWER and d.source == "topic_scope"
+
+
+def test_topic_scope_is_read_off_the_knowledge_base():
+    from bot.config import load_config
+    from bot.knowledge import load_knowledge_base
+    from bot.topic_scope import TopicScope
+
+    scope = TopicScope(load_knowledge_base(load_config(env={}).kb_path))
+    assert "chronic.diabetes_diet" in scope.covered["diabetes"]
+    assert scope.uncovered("糖尿病人可以上夜班吗", "sleep.late_night") == "diabetes"
+    assert scope.uncovered("满月宝宝睡觉一惊一乍", "tcm.yin_deficiency") == "infant"
+    assert scope.uncovered("满月宝宝睡觉一惊一乍", "child.sleep") is None
+    assert scope.uncovered("手脚冰凉怎么办", "body.cold_hands_feet") is None

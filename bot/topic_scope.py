@@ -1,0 +1,62 @@
+"""Topic scope: does the chosen topic cover the population or named disease a question names?
+
+The groups and their cues are data (bot/topic_scope.yaml). Which topics cover a group
+is read off the knowledge base itself: a topic covers a group when its title or one of
+its example questions names it (the authors wrote the answer with that group in mind).
+Used by the decision policy (bot/decision.py): an answer goes out only when every group
+the question names is covered by the topic; otherwise the bot says it cannot answer
+reliably. Cost: about twenty regular-expression searches on a short text (microseconds).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bot.knowledge import LANGS, KnowledgeBase
+from safety.normalize import normalize
+
+TABLE = Path(__file__).with_name("topic_scope.yaml")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A population or named disease: ``id``, ``kind`` ("population" or "disease"), compiled ``cues``."""
+
+    id: str
+    kind: str
+    cues: re.Pattern
+    topics: tuple[str, ...] = ()
+
+
+def load_groups(path: Path = TABLE) -> tuple[Group, ...]:
+    """The groups of ``path``; raises ValueError (via re.error / KeyError) on a malformed table."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return tuple(Group(g["id"], g["kind"], re.compile(g["cues"]), tuple(g.get("topics", ())))
+                 for g in data["groups"])
+
+
+class TopicScope:
+    """Which topics cover which groups, for one knowledge base."""
+
+    def __init__(self, kb: KnowledgeBase, groups: tuple[Group, ...] | None = None):
+        self.groups = groups if groups is not None else load_groups()
+        self.covered: dict[str, frozenset[str]] = {}
+        for g in self.groups:
+            self.covered[g.id] = frozenset(g.topics) | frozenset(
+                t.id for t in kb.topics.values()
+                if any(g.cues.search(normalize(q).text) for lang in LANGS for q in (t.title[lang], *t.questions[lang])))
+
+    def named(self, text: str) -> list[str]:
+        """Ids of the groups a normalized message names."""
+        return [g.id for g in self.groups if g.cues.search(text)]
+
+    def uncovered(self, text: str, topic_id: str) -> str | None:
+        """The first group ``text`` names that ``topic_id`` does not cover, or None when the topic fits."""
+        for g in self.groups:
+            if g.cues.search(text) and topic_id not in self.covered[g.id]:
+                return g.id
+        return None
