@@ -300,7 +300,14 @@ class Dispatcher:
             return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
         engine = self.retriever.encoder.engine_name
         best = found.matches[0]
-        d = decide(self.head.probabilities(found.vector), self.cfg.decision, rule=intent, scope=scope is not None,
+        probs = self.head.probabilities(found.vector)
+        if found.context_vector is not None:
+            # A follow-up ("那夏天呢") is classified with the topic it follows; danger is read
+            # from both, so a follow-up that brings a red flag keeps it.
+            bare, probs = probs, self.head.probabilities(found.context_vector)
+            for label in ("emergency", "crisis"):
+                probs[label] = max(probs[label], bare[label])
+        d = decide(probs, self.cfg.decision, rule=intent, scope=scope is not None,
                    care_team=referral is not None, off_topic=found.off_topic, retrieval_confidence=best.confidence,
                    min_confidence=self.cfg.knowledge.min_confidence,
                    scope_gap=self.retriever.scope.uncovered(norm.text, best.topic_id))

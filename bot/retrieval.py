@@ -96,12 +96,14 @@ class SearchResult:
         nearest: best cosine to the examples of each non-answer kind.
         vector: float32[D], the embedding of the question alone (no context), which the
             decision head (bot/classifier.py) reads: one encoder call serves both.
+        context_vector: float32[D] of ``context + question`` for a follow-up, else None.
     """
 
     matches: list[Match]
     off_topic: str | None
     nearest: dict[str, float]
     vector: np.ndarray | None = None
+    context_vector: np.ndarray | None = None
 
 
 #: Texts per ``encode`` call when the knowledge base is embedded (start-up, hot reload).
@@ -269,7 +271,7 @@ class Retriever:
         beaten = [k for k in ("out_of_scope", "no_answer")
                   if k in nearest and nearest[k] > dense[order[0]] + OFF_TOPIC_MARGIN[k]]
         off_topic = max(beaten, key=nearest.__getitem__) if beaten else None  # the nearer kind wins
-        return SearchResult(out, off_topic, nearest, qs[-1])
+        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None)
 
 
 def confidence(score: float, margin: float) -> float:
