@@ -159,7 +159,7 @@ def test_two_users_with_one_message_id_each_get_their_own_reply(server):
 
 @pytest.mark.parametrize("body, headers", [
     (b'{"text": "hi", "n": ' + b"9" * 5000 + b"}", {}),
-    (b"[" * 100_000 + b"]" * 100_000, {}),
+    (b"[" * 30_000 + b"]" * 30_000, {}),  # under the 64 KiB body limit, past the parser's recursion limit
     (b'{"text": "hi", "user_id": {"a": 1}}', {}),
     (b'{"text": "hi", "message_id": "' + b"x" * 500 + b'"}', {}),
 ])
