@@ -55,6 +55,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -63,6 +64,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from adapters.body import BodyTooLarge, read_limited
 from bot.config import Config, ConfigError
 from bot.handoff import HandoffManager, HandoffSession
 from safety.normalize import normalize
@@ -96,6 +98,16 @@ MAX_AGENT_TEXT_CHARS = 2000
 
 MIN_TOKEN_CHARS = 16
 """Shortest accepted ``console.token``, characters (e.g. ``openssl rand -hex 24`` gives 48)."""
+
+MAX_USER_ID_CHARS = 128
+"""Longest ``user_id`` of ``GET /api/messages``, characters (as ``POST /api/chat`` accepts)."""
+
+MAX_REPLY_BODY_BYTES = 64 * 1024
+"""Largest body of ``POST …/reply``, bytes: room for :data:`MAX_AGENT_TEXT_CHARS` characters
+as JSON escapes (``\\uXXXX``, 6 bytes each) and more; a larger one is refused with 413."""
+
+REF_RE = re.compile(r"[0-9a-f]{24}")
+"""What :func:`handoff_ref` produces; any other ``ref`` is a 404 before any comparison."""
 
 LAST_TURN_CHARS = 80
 """The list shows the last turn of each conversation cut to this many characters."""
@@ -138,6 +150,37 @@ def handoff_ref(token: str, channel: str, user_id: str) -> str:
     without the token can link a ref to a user id.
     """
     return hmac.new(token.encode(), f"{channel}\0{user_id}".encode(), hashlib.sha256).hexdigest()[:24]
+
+
+def _utf8(text: str) -> bytes:
+    """``text`` as bytes for a comparison, whatever it holds: aiohttp keeps undecodable header
+    bytes as lone surrogates, which a plain ``encode()`` refuses (UnicodeEncodeError)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _valid_user_id(user: str) -> bool:
+    """1-:data:`MAX_USER_ID_CHARS` characters that UTF-8 can encode (no lone surrogates)."""
+    if not 0 < len(user) <= MAX_USER_ID_CHARS:
+        return False
+    try:
+        user.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def _json_body(request: web.Request) -> Any:
+    """The request body as JSON, or None when it is not UTF-8 JSON (any declared charset is ignored:
+    JSON is UTF-8, RFC 8259 section 8.1). Too deep or too large numbers count as not JSON.
+
+    Raises:
+        BodyTooLarge: over :data:`MAX_REPLY_BODY_BYTES`.
+    """
+    raw = await read_limited(request, MAX_REPLY_BODY_BYTES)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
 
 
 def _label(s: HandoffSession) -> str:
@@ -262,6 +305,9 @@ def setup_console(app: web.Application, cfg: Config, handoff: HandoffManager) ->
         user = request.query.get("user_id", "")
         if not user:
             return web.json_response({"error": "query parameter 'user_id' is required"}, status=400)
+        if not _valid_user_id(user):
+            return web.json_response({"error": f"query parameter 'user_id' must be 1-{MAX_USER_ID_CHARS} "
+                                               "characters"}, status=400)
         try:
             wait_s = float(request.query.get("wait", "0"))
         except ValueError:
@@ -287,7 +333,7 @@ def setup_console(app: web.Application, cfg: Config, handoff: HandoffManager) ->
 
     def authorized(request: web.Request) -> bool:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(_utf8(given.strip()), token.encode())
         if not ok:
             log.warning("console.unauthorized", remote=request.remote)
         return ok
@@ -315,6 +361,8 @@ def setup_console(app: web.Application, cfg: Config, handoff: HandoffManager) ->
 
     async def find(request: web.Request) -> HandoffSession | None:
         ref = request.match_info["ref"]
+        if not REF_RE.fullmatch(ref):  # a ref handoff_ref could not have made (non-ASCII would fail the compare)
+            return None
         for s in await handoff.sessions():
             if hmac.compare_digest(handoff_ref(token, s.channel, s.user_id), ref):
                 return s
@@ -345,9 +393,9 @@ def setup_console(app: web.Application, cfg: Config, handoff: HandoffManager) ->
 
     async def reply(request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            body = None
+            body = await _json_body(request)
+        except BodyTooLarge:
+            return _json({"error": f"body over {MAX_REPLY_BODY_BYTES} bytes"}, 413)
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text.strip():
             return _json({"error": "field 'text' (a non-empty string) is required"}, 400)

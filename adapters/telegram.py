@@ -22,9 +22,11 @@ Webhook (``POST /telegram``), checks in order, each answered with a short body:
 * body over :data:`~adapters.telegram_constants.UPDATE_MAX_BYTES`: 413; not JSON,
   not an object or without an integer ``update_id``: 400.
 * otherwise 200 at once: the update is queued and processed in the background.
-  An update python-telegram-bot cannot parse, and every error while processing,
-  is logged and never reaches the HTTP answer — a 5xx would make Telegram
-  re-send it for ever and hold back the updates behind it.
+  An update whose fields have the wrong types (:mod:`adapters.telegram_checks`)
+  or that python-telegram-bot cannot parse is logged as one warning line and
+  dropped; every error while processing is logged; neither reaches the HTTP
+  answer — a 5xx would make Telegram re-send it for ever and hold back the
+  updates behind it.
 
 Processing: concurrent across chats, one at a time and in arrival order within a
 chat (:class:`PerChatUpdateProcessor`), at most
@@ -68,7 +70,9 @@ Commands:
   them while a handoff is active).
 * ``/stop`` — ends the handoff (``HandoffManager.end(by="user")``), forgets the
   session (``Dispatcher.forget_user``), the /lang choice and the agents' topic link.
-* ``/lang`` — ``/lang en`` or ``/lang zh``, or buttons when given no argument. The
+* ``/lang`` — ``/lang en`` or ``/lang zh``, or buttons when given no argument (their
+  callback data must match :data:`LANG_BUTTON_RE` whole; any other button press
+  is answered with a short notice and changes nothing). The
   choice is kept per user in memory and sent as ``Inbound.lang``; without a
   choice ``Inbound.lang`` is None and the dispatcher detects the language from
   the text. The adapter's own texts (help, confirmations) use the choice, else
@@ -95,6 +99,7 @@ import html
 import json
 import logging
 import random
+import re
 import time
 import warnings
 from collections import OrderedDict, deque
@@ -115,6 +120,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from adapters import telegram_constants as tc
 from adapters.body import BodyTooLarge, read_limited
+from adapters.telegram_checks import update_problem
 from adapters.telegram_handoff import USER_TEXTS, TelegramAgentRelay
 from bot import metrics
 from bot.config import Config, ConfigError, TelegramConfig
@@ -187,6 +193,8 @@ TEXTS: dict[str, dict[str, str]] = {
                 "en": "Your session is forgotten. Ask me anything any time."},
     "unknown_command": {"zh": "没有这个命令。发送 /help 查看可用命令，或直接输入您的问题。",
                         "en": "Unknown command. Send /help for the commands, or just type your question."},
+    "unknown_button": {"zh": "这个按钮已失效。发送 /lang 可重新选择语言。",
+                       "en": "This button no longer works. Send /lang to choose the language again."},
 }
 
 COMMANDS: dict[str, list[tuple[str, str]]] = {
@@ -198,6 +206,8 @@ COMMANDS: dict[str, list[tuple[str, str]]] = {
 """The command menu registered with setMyCommands at start-up (zh default, en for English clients)."""
 
 LANG_BUTTON_PREFIX = "lang:"
+LANG_BUTTON_RE = re.compile(rf"{LANG_BUTTON_PREFIX}(zh|en)")
+"""The whole callback data of a /lang button (matched with ``fullmatch``: ``"lang:zh\\n"`` is not one)."""
 
 
 def _lang_arg(value: str) -> str | None:
@@ -635,8 +645,11 @@ def parse_update(update: Update, *, bot_username: str, bot_id: int, lang: str | 
 
 
 def _chat_key(update: object) -> int | None:
-    if isinstance(update, Update) and update.effective_chat is not None:
-        return int(update.effective_chat.id)
+    try:
+        if isinstance(update, Update) and update.effective_chat is not None:
+            return int(update.effective_chat.id)
+    except (TypeError, ValueError):  # never the case for a checked update; the update still runs
+        pass
     return None
 
 
@@ -739,7 +752,10 @@ class TelegramAdapter:
     def ui_lang_of(self, user_id: str) -> str:
         """The language of the adapter's own texts for ``user_id``: the /lang choice,
         else from Telegram's ``language_code``, else ``"zh"``."""
-        return self.langs.get(user_id) or self._client_langs.get(user_id) or "zh"
+        for lang in (self.langs.get(user_id), self._client_langs.get(user_id)):
+            if lang in ("zh", "en"):
+                return lang
+        return "zh"
 
     def _note_user(self, user: User | None) -> None:
         if user is not None and user.language_code:
@@ -775,7 +791,7 @@ class TelegramAdapter:
         app.add_handler(CommandHandler("human", self._cmd_human, filters=message_only))
         app.add_handler(CommandHandler("stop", self._cmd_stop, filters=message_only))
         app.add_handler(CommandHandler("lang", self._cmd_lang, filters=message_only))
-        app.add_handler(CallbackQueryHandler(self._on_lang_button, pattern=rf"^{LANG_BUTTON_PREFIX}(zh|en)$"))
+        app.add_handler(CallbackQueryHandler(self._on_lang_button))  # every button; unknown data answered politely
         app.add_handler(ChatMemberHandler(self._on_my_chat_member, ChatMemberHandler.MY_CHAT_MEMBER))
         app.add_handler(MessageHandler(filters.UpdateType.MESSAGES, self._on_message))
         app.add_error_handler(self._on_error)
@@ -913,17 +929,22 @@ class TelegramAdapter:
             return web.Response(status=413, text="body too large")
         try:
             data = json.loads(body)
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             log.warning("telegram.rejected", status=400, reason="body is not JSON")
             return web.Response(status=400, text="malformed update")
         update_id = data.get("update_id") if isinstance(data, dict) else None
         if not isinstance(update_id, int) or isinstance(update_id, bool):
             log.warning("telegram.rejected", status=400, reason="not an object with an integer update_id")
             return web.Response(status=400, text="malformed update")
+        problem = update_problem(data)  # fields of the wrong type would fail later, in a handler
+        if problem is not None:
+            log.warning("telegram.malformed_update", update_id=update_id, reason=problem)
+            return web.Response(text="ok")  # dropped: a 4xx/5xx would make Telegram re-send it for ever
         try:
             update = Update.de_json(data, app.bot)
-        except Exception:  # noqa: BLE001 — a 4xx/5xx here would make Telegram re-send it for ever
-            log.exception("telegram.unparsable_update", update_id=update_id)
+        except Exception as exc:  # noqa: BLE001 — a 4xx/5xx here would make Telegram re-send it for ever
+            log.warning("telegram.unparsable_update", update_id=update_id,
+                        error=f"{type(exc).__name__}: {str(exc)[:200]}")
             return web.Response(text="ok")
         await app.update_queue.put(update)
         return web.Response(text="ok")
@@ -1051,15 +1072,20 @@ class TelegramAdapter:
 
     async def _on_lang_button(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         query: CallbackQuery | None = update.callback_query
-        if query is None or query.data is None:
+        if query is None or query.from_user is None:
             return
-        choice = query.data[len(LANG_BUTTON_PREFIX):]
         uid = str(query.from_user.id)
-        self.langs[uid] = choice
-        try:
-            await self.sender.call("answerCallbackQuery", lambda: query.answer())
+        match = LANG_BUTTON_RE.fullmatch(query.data or "")
+        notice = None if match else self._text("unknown_button", uid)
+        try:  # the button stops spinning; an unknown one shows a short notice
+            await self.sender.call("answerCallbackQuery", lambda: query.answer(text=notice))
         except TelegramError as exc:
             log.warning("telegram.callback_answer_failed", error=str(exc))
+        if match is None:
+            log.warning("telegram.unknown_callback", update_id=update.update_id, chars=len(query.data or ""))
+            return
+        choice = match.group(1)
+        self.langs[uid] = choice
         if isinstance(query.message, Message):
             await self._reply(query.message, TEXTS["lang_set"][choice])
 

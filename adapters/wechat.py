@@ -19,9 +19,14 @@ Request checks, in order (each answers a short plain-text body, never a trace):
 * signature — ``signature`` = sha1 of the sorted [token, timestamp, nonce]; bad or
   missing: 403 ``invalid signature``. Encrypted requests also need ``msg_signature``
   = sha1 of the sorted [token, timestamp, nonce, Encrypt] (403 when wrong).
-* timestamp — further than ``wechat.timestamp_window_s`` from now: 403 (replay).
+* timestamp — not 1–15 digits, or further than ``wechat.timestamp_window_s`` from
+  now: 403 (replay).
 * body — over ``server.max_body_bytes``: 413; not UTF-8, not well-formed, with a
-  DOCTYPE or entities, or not a WeChat message: 400.
+  DOCTYPE or entities, nested deeper than
+  :data:`~adapters.wechat_parse.MAX_XML_DEPTH`, or not a WeChat message (a text
+  field holding elements, a repeated field): 400. Parsing lives in
+  :mod:`adapters.wechat_parse`; in the encrypted modes ``<Encrypt>`` is found
+  without an XML parser and ``msg_signature`` checked before the envelope is parsed.
 
 Modes (``wechat.mode``): ``plaintext``; ``safe`` — every POST is AES-encrypted
 (``encrypt_type=aes``), decrypted with ``msg_signature`` and answered encrypted;
@@ -88,32 +93,31 @@ import base64
 import binascii
 import hmac
 import json
-import re
 import time
 import unicodedata
 import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
-from xml.etree.ElementTree import Element, ParseError
 
-import defusedxml
-import defusedxml.ElementTree as safe_et
 import structlog
 from aiohttp import web
 from wechatpy.crypto import PrpCrypto, WeChatCrypto
 from wechatpy.exceptions import InvalidAppIdException, InvalidSignatureException
-from wechatpy.parser import parse_message
 from wechatpy.replies import TextReply, TransferCustomerServiceReply
 from wechatpy.utils import WeChatSigner
 
 from adapters import wechat_constants as wc
 from adapters.body import BodyTooLarge, read_limited
 from adapters.wechat_api import SendOutcome, WechatApi
+from adapters.wechat_parse import Reject as _Reject
+from adapters.wechat_parse import (extract_encrypt, parse_inbound, parse_timestamp, parse_xml,
+                                   strip_invalid_xml_chars)
 from bot.config import Config, ConfigError
 from bot.handoff import HandoffManager, PlatformAgentRelay
 from bot.store import Store, open_store
 from bot.types import Inbound, Intent, MessageKind, Reply
+from safety.pii import mask_pii
 
 log = structlog.get_logger("healthbot.wechat")
 
@@ -134,11 +138,6 @@ __all__ = [
     "strip_invalid_xml_chars",
 ]
 
-# XML 1.0 (§2.2 Char) forbids C0 controls except TAB, LF, CR, and U+FFFE/U+FFFF;
-# WeChat clients send some of them (e.g. \x08 from certain emoji keyboards) inside
-# CDATA, which makes every XML parser fail. Lone surrogates cannot survive UTF-8
-# decoding but can reach us in reply text.
-_INVALID_XML_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
 _SENTENCE_ENDS = frozenset("。！？!?；;…\n")
 _CLOSERS = frozenset("\"'”’」』）)】]》")  # kept with the sentence they close
 _SOFT_BREAKS = frozenset("，,、：: \t")      # where an over-long sentence is cut, if possible
@@ -150,7 +149,8 @@ _CDATA_END_SPLIT = "]]]]><![CDATA[>"  # closes the section after "]]" and reopen
 DELIVERED_KEY = "wechat:delivered:{msgid}"
 """Store key of one message's delivery state (JSON ``{"via": "passive"|"kf"|"pending"|"composing", ...}``)."""
 PENDING_KEY = "wechat:pending:{openid}"
-"""Store list of a user's answers computed after their webhook answered (JSON ``{"msgid", "q", "text", "lang"}``)."""
+"""Store list of a user's answers computed after their webhook answered (JSON ``{"msgid", "q", "text", "lang"}``;
+``q``, the question's first characters, with personal data masked)."""
 MORE_KEY = "wechat:more:{openid}"
 """Store key of a user's unread pages (JSON ``{"bodies": [...], "tail", "lang"}``), served one per "1"."""
 
@@ -190,26 +190,7 @@ class DispatcherLike(Protocol):
     async def handle(self, inbound: Inbound) -> Reply: ...
 
 
-class _Reject(Exception):
-    """A request refused with ``status`` and a short plain-text ``body`` (no trace)."""
-
-    def __init__(self, status: int, body: str, reason: str):
-        super().__init__(reason)
-        self.status = status
-        self.body = body
-        self.reason = reason
-
-    def response(self) -> web.Response:
-        return web.Response(status=self.status, text=self.body)
-
-
 # --------------------------------------------------------------------------- text
-
-
-def strip_invalid_xml_chars(text: str) -> str:
-    """``text`` without the characters XML 1.0 forbids (C0 controls but TAB/LF/CR,
-    U+FFFE, U+FFFF, surrogates); every other character is kept as it is."""
-    return _INVALID_XML_CHARS.sub("", text)
 
 
 def _nbytes(text: str) -> int:
@@ -448,90 +429,12 @@ def render_transfer_reply(to_user: str, from_user: str, kf_account: str = "", no
     return xml
 
 
-# --------------------------------------------------------------------------- parsing
-
-
-def _element_to_dict(element: Element) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for child in element:
-        out[child.tag] = _element_to_dict(child) if len(child) else (child.text or "")
-    return out
-
-
-def _parse_xml(text: str) -> dict[str, Any]:
-    """The children of the ``<xml>`` root as a dict; 400 for anything else.
-
-    defusedxml refuses any DOCTYPE (so entity expansion and external entities
-    never reach a parser); the caller has removed XML-invalid characters.
-    """
-    try:
-        root = safe_et.fromstring(text, forbid_dtd=True, forbid_entities=True, forbid_external=True)
-    except defusedxml.DefusedXmlException as exc:
-        raise _Reject(400, "malformed xml", f"forbidden xml construct: {type(exc).__name__}") from None
-    except (ParseError, ValueError) as exc:
-        raise _Reject(400, "malformed xml", f"xml parse error: {exc}") from None
-    if root.tag != "xml":
-        raise _Reject(400, "malformed xml", f"root element is <{root.tag}>, not <xml>")
-    return _element_to_dict(root)
-
-
-def parse_inbound(xml_text: str, received_at: float | None = None) -> Inbound:
-    """One WeChat message or event XML → :class:`bot.types.Inbound` (channel ``"wechat"``).
-
-    Args:
-        xml_text: the (decrypted) message XML, already free of XML-invalid characters.
-        received_at: UNIX seconds when the request arrived (default: now).
-
-    ``message_id`` is the MsgId for messages and
-    ``"<FromUserName>:<CreateTime>:<event>"`` for events (接收事件推送 recommends
-    FromUserName + CreateTime; the event name keeps two different events of one
-    second apart). ``user_id`` = ``chat_id`` = FromUserName (the OpenID). ``raw``
-    holds every field of the XML plus ``type`` (MsgType, lower case) and, for
-    events, ``event`` and ``event_key``.
-
-    Raises:
-        _Reject: (400) the XML is not a WeChat message.
-    """
-    fields = _parse_xml(xml_text)
-    msg_type = str(fields.get("MsgType") or "").strip().lower()
-    openid = str(fields.get("FromUserName") or "").strip()
-    if not msg_type or not openid or not fields.get("ToUserName"):
-        raise _Reject(400, "malformed xml", "MsgType, FromUserName or ToUserName missing "
-                      "(an encrypted body while wechat.mode is plaintext looks like this)")
-    try:
-        message = parse_message(xml_text)  # wechatpy's typed view (same, already vetted, text)
-    except Exception as exc:  # noqa: BLE001 — any failure here is a malformed message
-        raise _Reject(400, "malformed xml", f"wechatpy could not parse the message: {exc!r}") from None
-    create_time = str(fields.get("CreateTime") or "").strip()
-    raw: dict[str, Any] = {**fields, "type": msg_type}
-    text = ""
-    if msg_type == "event":
-        event = str(fields.get("Event") or "").strip().lower()
-        raw["event"] = event
-        raw["event_key"] = fields.get("EventKey") or ""
-        message_id = f"{openid}:{create_time}:{event}"
-        kind = MessageKind.SUBSCRIBE if event == "subscribe" else MessageKind.EVENT
-    else:
-        msg_id = str(fields.get("MsgId") or "").strip()
-        message_id = msg_id or f"{openid}:{create_time}:{msg_type}"
-        if msg_type == "text":
-            kind, text = MessageKind.TEXT, message.content or ""
-        elif msg_type == "voice" and (getattr(message, "recognition", None) or "").strip():
-            kind, text = MessageKind.TEXT, message.recognition.strip()
-            raw["voice_recognition"] = True
-        else:
-            kind = MessageKind.UNSUPPORTED
-    return Inbound(channel=wc.CHANNEL, user_id=openid, chat_id=openid, message_id=message_id,
-                   kind=kind, text=text, lang=None,
-                   received_at=time.time() if received_at is None else received_at, raw=raw)
-
-
 # --------------------------------------------------------------------------- the adapter
 
 
 def _signature(*parts: str) -> str:
     signer = WeChatSigner()
-    signer.add_data(*parts)
+    signer.add_data(*(p.encode("utf-8", "surrogatepass") for p in parts))  # a lone surrogate is no crash
     return signer.signature
 
 
@@ -643,10 +546,7 @@ class WechatAdapter:
 
 
     def _check_timestamp(self, query: Any) -> None:
-        try:
-            ts = int(query.get("timestamp", ""))
-        except ValueError:
-            raise _Reject(403, "invalid signature", "timestamp missing or not an integer") from None
+        ts = parse_timestamp(query.get("timestamp"))
         skew = abs(time.time() - ts)
         if skew > self.cfg.timestamp_window_s:
             raise _Reject(403, "stale timestamp", f"timestamp {skew:.0f} s from now (window "
@@ -673,13 +573,15 @@ class WechatAdapter:
 
     def _decrypt(self, envelope_text: str, query: Any) -> str:
         assert self.crypto is not None
-        encrypt = str(_parse_xml(envelope_text).get("Encrypt") or "").strip()
-        if not encrypt:
-            raise _Reject(400, "malformed xml", "encrypted request without <Encrypt>")
+        # Authenticate before any XML parser sees the body: <Encrypt> is found by one
+        # linear search, checked against msg_signature, and only then is the envelope parsed.
+        encrypt = extract_encrypt(envelope_text)
         ts, nonce = query.get("timestamp", ""), query.get("nonce", "")
         given = query.get("msg_signature")
         if not _same(_signature(self.cfg.token, ts, nonce, encrypt), given):
             raise _Reject(403, "invalid signature", "msg_signature missing or wrong")
+        if str(parse_xml(envelope_text).get("Encrypt") or "").strip() != encrypt:
+            raise _Reject(400, "malformed xml", "<Encrypt> is not a field of the <xml> envelope")
         try:
             return self.crypto.decrypt_message({"Encrypt": encrypt}, given, ts, nonce)
         except InvalidSignatureException:
@@ -994,7 +896,7 @@ class WechatAdapter:
         if not text:
             return  # nothing to say (an event, a silent handoff relay)
         key = DELIVERED_KEY.format(msgid=inbound.message_id)
-        question = _snippet(inbound.text)
+        question = _snippet(mask_pii(inbound.text))  # kept up to 24 h in the store: no personal data
         if self.service:
             if not await self.store.set_if_absent(key, _via("kf"), DELIVERY_STATE_TTL_S):
                 return  # a passive reply has it

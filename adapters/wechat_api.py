@@ -109,6 +109,20 @@ class SendOutcome(str, enum.Enum):
     UNKNOWN = "unknown"  #: sent, but no answer came back (timeout): it may have been delivered
 
 
+ERRCODE_UNREADABLE = -2
+"""The errcode recorded when WeChat's answer has one that is not an integer (WeChat's own -1 means "system busy")."""
+
+
+def _errcode(value: object) -> int:
+    """WeChat's ``errcode`` as an int: 0 when absent, :data:`ERRCODE_UNREADABLE` when not an integer."""
+    if value in (None, "", 0, False):
+        return 0
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return ERRCODE_UNREADABLE
+
+
 def _mask(openid: str) -> str:
     return openid[:6] + "…" if len(openid) > 6 else "…"
 
@@ -189,15 +203,16 @@ class WechatApi:
             out = json.loads(raw)
             if not isinstance(out, dict):
                 raise ValueError("not an object")
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, a huge number, nested too deeply
             self.stats["transport_errors"] += 1
             metrics.WECHAT_API_ERRORS.labels(code="bad_answer").inc()
             log.warning("wechat_api.bad_answer", path=path)
             raise WechatApiError(None, "answer is not a JSON object", path, maybe_sent=True) from None
-        errcode = out.get("errcode") or 0
+        errcode = _errcode(out.get("errcode"))
         if errcode:
-            self._note_error(int(errcode), str(out.get("errmsg") or ""), path, user)
-            raise WechatApiError(int(errcode), str(out.get("errmsg") or ""), path)
+            errmsg = str(out.get("errmsg") or "")[:300]
+            self._note_error(errcode, errmsg, path, user)
+            raise WechatApiError(errcode, errmsg, path)
         return out
 
     def _note_error(self, errcode: int, errmsg: str, path: str, user: str | None) -> None:
@@ -266,7 +281,9 @@ class WechatApi:
             raise WechatApiError(None, "answer without access_token", wc.TOKEN_PATH)
         try:
             expires_in = int(out.get("expires_in") or wc.ACCESS_TOKEN_TTL_S)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
+            expires_in = wc.ACCESS_TOKEN_TTL_S
+        if not 0 < expires_in <= 24 * wc.ACCESS_TOKEN_TTL_S:  # nonsense: assume the documented lifetime
             expires_in = wc.ACCESS_TOKEN_TTL_S
         ttl = max(expires_in - wc.TOKEN_REFRESH_MARGIN_S, expires_in / 2, 1)
         await self.store.set(TOKEN_KEY, token, ttl)

@@ -336,3 +336,43 @@ async def test_prometheus_counters_follow_fetches_and_errors(fake, apis):
              value("healthbot_wechat_api_errors_total", code="45047"),
              value("healthbot_wechat_api_errors_total", code="40001"))
     assert [a - b for a, b in zip(after, before)] == [2, 1, 1]
+
+
+@pytest.mark.parametrize("answer", [
+    b'{"errcode": "not a number", "errmsg": "x"}',
+    b'{"errcode": [1], "errmsg": {"a": 1}}',
+    b'{"errcode": ' + b"9" * 5000 + b"}",
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"access_token": "t", "expires_in": 1e999}',
+    b'{"access_token": "t", "expires_in": ' + b"9" * 100 + b"}",
+    b"\xff\xfe",
+])
+async def test_nonsense_from_the_api_is_a_failed_call_not_a_crash(apis, answer):
+    """Issue 21: whatever the server API answers, the client fails the call cleanly (or stores a token
+    with a sane lifetime); it never raises anything but WechatApiError."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    async def reply(request: web.Request) -> web.Response:
+        return web.Response(body=answer, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get(TOKEN, reply)
+    app.router.add_post(SEND, reply)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        store = MemoryStore()
+        api = apis(WechatConfig(appid=APPID, appsecret=SECRET, api_base=str(server.make_url("")).rstrip("/"),
+                                api_timeout_s=2.0), store)
+        try:
+            token = await api.access_token()
+        except WechatApiError:
+            token = None
+        if token is not None:  # the answers with an access_token: stored for the documented lifetime at most
+            expires_at = store._values[TOKEN_KEY][1]  # MemoryStore's (value, expiry) pair
+            assert token == "t" and expires_at is not None and 0 < expires_at - time.time() <= wc.ACCESS_TOKEN_TTL_S
+        outcome = await api.send_text(OPENID, "x")  # (an answer without errcode is WeChat's success)
+        assert outcome in ((SendOutcome.SENT,) if token else (SendOutcome.FAILED, SendOutcome.UNKNOWN))
+    finally:
+        await server.close()
