@@ -107,3 +107,12 @@ def test_topic_scope_is_read_off_the_knowledge_base():
     assert scope.uncovered("满月宝宝睡觉一惊一乍", "tcm.yin_deficiency") == "infant"
     assert scope.uncovered("满月宝宝睡觉一惊一乍", "child.sleep") is None
     assert scope.uncovered("手脚冰凉怎么办", "body.cold_hands_feet") is None
+
+
+def test_the_safety_net_travels_in_the_json_and_between_replicas():
+    from bot.types import Reply
+
+    reply = Reply("text", Intent.ANSWER, "zh", topic="child.fever_care", safety_net=("child",))
+    assert reply.as_dict()["safety_net"] == ["child"]
+    assert Reply.from_json(reply.to_json()) == reply
+    assert Reply("hi", Intent.GREETING).as_dict()["safety_net"] == []

@@ -119,7 +119,9 @@ async def traffic(cfg, dispatcher) -> Traffic:
     try:
         async with aiohttp.ClientSession() as http:
             async def chat(text: str, message_id: str) -> dict:
-                async with http.post(base + "/api/chat", json={"text": text, "message_id": message_id}) as r:
+                # one user per question: a retry is the same user and message id (the dedup key holds both)
+                async with http.post(base + "/api/chat", json={"text": text, "message_id": message_id,
+                                                                "user_id": f"u-{message_id}"}) as r:
                     assert r.status == 200
                     return await r.json()
 
