@@ -1,8 +1,10 @@
-"""Rule intents (greeting, handoff, out of scope) on evals/safety.jsonl and canned replies."""
+"""Rule intents (greeting, handoff, out of scope) on evals/safety.jsonl, canned replies, and the rule tables
+(bot/intent_rules.yaml, safety/scope_rules.yaml): every entry's source and example."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,120 @@ def test_every_offer_of_a_person_in_the_bots_texts_can_be_dropped():
                                              ("邻居家的猫老是在我家院子里拉屎", True), ("养狗对老人身体好吗", False)])
 def test_phones_and_pets_are_off_topic_unless_about_the_persons_health(text, off_topic):
     assert (rule_intent(normalize(text)) is Intent.OUT_OF_SCOPE) is off_topic
+
+
+# ---- the rule tables: bot/intent_rules.yaml and safety/scope_rules.yaml ----------------------
+# Every entry names the source it follows and carries one example message of its own that it
+# must catch: the entry's own patterns match it, and the module gives it the entry's outcome.
+
+def _load(path):
+    import yaml
+
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _regex(value):
+    return value if value is None or isinstance(value, str) else "|".join(value)
+
+
+def _intent_entries():
+    from bot.intents import TABLE
+
+    table = _load(TABLE)
+    sections = ("handoff", "end_handoff", "off_topic", "health_words")
+    entries = [(section, e) for section in sections for e in table[section]]
+    entries += [(group["name"], e) for group in table["care_team"] for e in group["rules"]]
+    entries += [("greeting", table["greeting"]), ("abuse", table["abuse"])]
+    return entries
+
+
+INTENT_ENTRIES = _intent_entries()
+
+
+def _entry_id(item):
+    section, entry = item
+    return f"{section}.{entry.get('name', section)}"
+
+
+def _intent_outcome(section: str, text: str):
+    """What the module does with ``text`` in terms of ``section`` (True when it is that section's outcome)."""
+    from bot.intents import care_team_reply, is_abuse
+
+    norm = normalize(text)
+    if section in ("handoff", "greeting", "off_topic"):
+        return rule_intent(norm) == {"handoff": Intent.HANDOFF, "greeting": Intent.GREETING,
+                                     "off_topic": Intent.OUT_OF_SCOPE}[section]
+    if section == "end_handoff":
+        return is_end_handoff(norm)
+    if section == "health_words":  # a health word keeps a message with an off-topic word in scope
+        off_topic = "明天天气怎么样"
+        return (rule_intent(normalize(off_topic)) is Intent.OUT_OF_SCOPE
+                and rule_intent(normalize(f"{off_topic} {text}")) is None)
+    if section == "abuse":
+        return is_abuse(norm)
+    hit = care_team_reply(norm, "zh")
+    return hit is not None and hit[0] == section
+
+
+@pytest.mark.parametrize("item", INTENT_ENTRIES, ids=[_entry_id(i) for i in INTENT_ENTRIES])
+def test_every_intent_rule_has_a_source_and_its_example_matches_it(item):
+    section, entry = item
+    assert entry["source"].strip() and entry["example"].strip()
+    text = normalize(entry["example"]).text
+    if "pattern" in entry:
+        assert re.search(_regex(entry["pattern"]), text.strip()), entry["example"]
+        assert entry.get("also") is None or re.search(_regex(entry["also"]), text), entry["example"]
+    assert _intent_outcome(section, entry["example"]), entry["example"]
+
+
+def test_intent_rule_names_are_unique():
+    names = [_entry_id(i) for i in INTENT_ENTRIES]
+    assert len(names) == len(set(names))
+
+
+def _scope_rules():
+    from safety.scope import SCOPE_RULES
+
+    return SCOPE_RULES
+
+
+SCOPE_RULES = _scope_rules()
+
+
+@pytest.mark.parametrize("rule", SCOPE_RULES, ids=[f"{r.reason}.{r.name}" for r in SCOPE_RULES])
+def test_every_scope_rule_has_a_source_and_its_example_matches_it_first(rule):
+    from safety.scope import check_scope, matching_rule
+
+    assert rule.source.strip() and rule.example.strip()
+    text = normalize(rule.example).text
+    assert re.search(rule.pattern, text), rule.example
+    assert rule.also is None or re.search(rule.also, text), rule.example
+    assert rule.unless is None or not re.search(rule.unless, text), rule.example
+    assert matching_rule(rule.example) == f"{rule.reason}.{rule.name}"  # not shadowed by an earlier rule
+    assert check_scope(rule.example, normalize(rule.example).lang).reason == rule.reason
+
+
+def test_scope_rule_names_are_unique_and_every_reason_has_a_reply():
+    from safety.scope import _REPLIES
+
+    assert len({r.name for r in SCOPE_RULES}) == len(SCOPE_RULES)
+    assert {r.reason for r in SCOPE_RULES} == set(_REPLIES)
+
+
+def _departments():
+    from safety.scope import TABLE
+
+    return _load(TABLE)["departments"]
+
+
+DEPARTMENT_ENTRIES = _departments()
+
+
+@pytest.mark.parametrize("index", range(len(DEPARTMENT_ENTRIES)), ids=[d["zh"] for d in DEPARTMENT_ENTRIES])
+def test_every_department_example_gets_its_department(index):
+    from safety.scope import DEPARTMENTS
+
+    entry = DEPARTMENT_ENTRIES[index]
+    text = normalize(entry["example"]).text
+    first = next(i for i, (pattern, _, _) in enumerate(DEPARTMENTS) if re.search(pattern, text))
+    assert first == index, (entry["example"], DEPARTMENTS[first][1])
