@@ -53,6 +53,13 @@ def test_every_red_flag_category_has_an_eval_line():
     assert seen == {f.category for f in RED_FLAGS}
 
 
+@pytest.mark.parametrize("flag", RED_FLAGS, ids=[f"{f.category}.{f.name}" for f in RED_FLAGS])
+def test_every_red_flag_has_a_source_and_catches_its_own_example(flag):
+    """safety/red_flags/rules.yaml: each entry names its guideline and catches its example."""
+    assert flag.source.strip(), "no source"
+    assert f"{flag.category}.{flag.name}" in match_red_flags(flag.example), flag.example
+
+
 def test_emergency_recall_and_false_alarms_on_eval_file():
     missed = [r["q"] for r in EMERGENCY_ROWS if triage(r["q"], r["lang"], CFG) is None]
     alarms = [(r["q"], match_red_flags(r["q"])) for r in NON_EMERGENCY_ROWS if triage(r["q"], r["lang"], CFG)]
