@@ -9,7 +9,9 @@ embedding, so a rule emergency is answered even when the inference pool is busy.
 Order (first that holds wins; thresholds are :class:`DecisionConfig`):
 
 1. danger = p(emergency) + p(crisis) >= ``danger_full`` -> the emergency reply, or the
-   crisis reply when p(crisis) > p(emergency);
+   crisis reply when p(crisis) > p(emergency); p(crisis) >= ``crisis_full`` alone -> the
+   crisis reply (a wish not to wake up must never get sleep tips: a gentle crisis reply
+   to someone who is only low costs little, a missed one can cost a life);
 2. otherwise danger >= ``danger_net`` sets a safety net: whatever is decided below goes
    out with a line naming the warning signs and when to call 120 (safety/safety_net.py);
 3. a rule greeting, or the head's greeting >= ``greeting``;
@@ -22,6 +24,8 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
 9. an answer only when the head's answer >= ``answer``, retrieval found no nearer
    non-answer example, retrieval's confidence >= ``knowledge.min_confidence``, and the
    topic covers every population or named disease the question names (bot/topic_scope.py);
+   a question that would be answered but names a medicine (not a supplement) is referred
+   to a doctor or pharmacist instead;
 10. else no_answer (honest: cannot answer reliably, see a doctor).
 
 The thresholds were chosen on the project's own files (evals/safety.jsonl, the dev
@@ -40,6 +44,7 @@ class DecisionConfig:
     """Probability thresholds of the decision policy (``decision:`` in the config file)."""
 
     danger_full: float = 0.8
+    crisis_full: float = 0.5
     danger_net: float = 0.12
     greeting: float = 0.6
     handoff: float = 0.6
@@ -70,7 +75,7 @@ class Decision:
 
 def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None, scope: bool, care_team: bool,
            off_topic: str | None, retrieval_confidence: float, min_confidence: float,
-           scope_gap: str | None = None) -> Decision:
+           scope_gap: str | None = None, names_medicine: bool = False) -> Decision:
     """Apply the policy of this module's docstring.
 
     Args:
@@ -83,11 +88,12 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         retrieval_confidence: the best topic's calibrated retrieval confidence in [0, 1].
         min_confidence: ``knowledge.min_confidence``.
         scope_gap: a population or disease the question names that the best topic does not cover.
+        names_medicine: the question names a medicine (safety/scope.py :func:`names_medicine`).
     """
     danger = probs["emergency"] + probs["crisis"]
     kind = "crisis" if probs["crisis"] > probs["emergency"] else "emergency"
     notes = {"p_" + k: round(v, 3) for k, v in probs.items() if v >= 0.01}
-    if danger >= cfg.danger_full:
+    if danger >= cfg.danger_full or probs["crisis"] >= cfg.crisis_full:
         return Decision(Intent.EMERGENCY, "head", kind=kind, notes=notes)
     net = kind if danger >= cfg.danger_net else ""
 
@@ -112,6 +118,8 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         return out(Intent.REFER_DOCTOR, "head")
     if probs["answer"] < cfg.answer:
         return out(Intent.NO_ANSWER, "head")
+    if names_medicine:
+        return out(Intent.REFER_DOCTOR, "medicine")
     if scope_gap is not None:
         return out(Intent.NO_ANSWER, "topic_scope")
     if off_topic is None and retrieval_confidence >= min_confidence:

@@ -168,6 +168,17 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
 _MEDICINE = re.compile(f"{DRUG_ZH}|\\b{DRUG_EN}")
 
 
+#: Supplements the knowledge base answers (nutri.supplements): not "a named medicine".
+_SUPPLEMENTS = re.compile(r"维生素\w?|钙片|鱼油|叶酸|铁剂|保健品|\bvitamin \w+|\bsupplements?\b")
+
+
+def names_medicine(text: str) -> bool:
+    """True when a normalized message names a medicine other than an everyday supplement
+    (issue 20: a question about a named medicine goes to a doctor or pharmacist, never a
+    self-care topic)."""
+    return bool(_MEDICINE.search(_SUPPLEMENTS.sub(" ", text)))
+
+
 def has_medicine(text: str) -> bool:
     """True when a normalized message names a medicine or medicine form (:data:`DRUG_ZH`, :data:`DRUG_EN`):
     a referral then names the pharmacist as well as the doctor."""

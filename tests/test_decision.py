@@ -29,6 +29,8 @@ def test_likely_danger_is_the_emergency_reply_and_crisis_when_self_harm_is_likel
     assert run(probs(emergency=0.85, answer=0.1)).intent is Intent.EMERGENCY
     d = run(probs(crisis=0.6, emergency=0.25, answer=0.1))
     assert d.intent is Intent.EMERGENCY and d.kind == "crisis"
+    d = run(probs(crisis=0.55, answer=0.4))  # a wish not to wake up never gets sleep tips
+    assert d.intent is Intent.EMERGENCY and d.kind == "crisis"
 
 
 def test_possible_danger_keeps_the_answer_and_adds_a_safety_net():
@@ -116,3 +118,16 @@ def test_the_safety_net_travels_in_the_json_and_between_replicas():
     assert reply.as_dict()["safety_net"] == ["child"]
     assert Reply.from_json(reply.to_json()) == reply
     assert Reply("hi", Intent.GREETING).as_dict()["safety_net"] == []
+
+
+def test_an_answerable_question_that_names_a_medicine_is_referred():
+    d = decide(probs(answer=0.9), CFG, rule=None, scope=False, care_team=False, off_topic=None,
+               retrieval_confidence=0.9, min_confidence=0.5, names_medicine=True)
+    assert d.intent is Intent.REFER_DOCTOR and d.source == "medicine"
+
+
+def test_supplements_are_not_named_medicines():
+    from safety.scope import names_medicine
+
+    assert names_medicine("我吃的那个氨氯地平能和柚子一起吃吗") and names_medicine("can i take ibuprofen with coffee")
+    assert not names_medicine("老人需要补钙片吗") and not names_medicine("should i take vitamin d in winter")

@@ -62,13 +62,17 @@ async def test_unrelated_health_question_is_no_answer_not_a_guess(dispatcher):
     assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR)
 
 
-@pytest.mark.parametrize("q", ["鼻子出血了", "鼻子老是出血", "nose started bleeding out of nowhere",
-                               "I burned my hand with boiling water", "孩子摔了一跤头上起了个包"])
-async def test_first_aid_questions_get_no_answer_not_a_neighbouring_topic(dispatcher, q):
-    # No first-aid topic: nosebleeds once got the hay-fever answer, a burn hand washing,
-    # a child's head bump the older people's fall prevention.
+@pytest.mark.parametrize("q, topic", [("鼻子出血了", "firstaid.nosebleed"), ("鼻子老是出血", "firstaid.nosebleed"),
+                                      ("nose started bleeding out of nowhere", "firstaid.nosebleed"),
+                                      ("I burned my hand with boiling water", "firstaid.burns"),
+                                      ("孩子摔了一跤头上起了个包", "firstaid.head_bump")])
+async def test_first_aid_questions_get_the_first_aid_topic_never_a_neighbouring_one(dispatcher, q, topic):
+    # Before the first-aid topics, nosebleeds got the hay-fever answer, a burn hand washing,
+    # a child's head bump the older people's fall prevention. A first-aid question may also
+    # get the emergency reply (or a safety net) when the head reads danger in it.
     reply = await dispatcher.handle(text(q))
-    assert reply.intent is Intent.NO_ANSWER and reply.topic is None, (reply.intent, reply.topic)
+    assert reply.topic in (topic, None) and reply.intent in (Intent.ANSWER, Intent.NO_ANSWER, Intent.EMERGENCY), (
+        reply.intent, reply.topic)
 
 
 @pytest.mark.parametrize("q, lang, words", [
@@ -194,7 +198,7 @@ async def test_everyday_english_near_misses(dispatcher, q, intent, topic):
 
 @pytest.mark.parametrize("q", [
     "a bulge in my groin that goes away when I lie down", "I have a painless lump in my groin for months",
-    "my groin has a red itchy rash", "sore inner thigh after the gym", "大腿根部酸痛是怎么回事", "大腿内侧起红疹子痒"])
+    "my groin has a red itchy rash", "大腿根部酸痛是怎么回事", "大腿内侧起红疹子痒"])
 async def test_groin_questions_no_topic_covers_get_an_honest_no_answer(dispatcher, q):
     """They got women.period_pain, digest.acid_reflux, body.sore_throat or body.edema answers
     (the eighth session's probe); no catalogue topic covers groin lumps, rashes or strains."""
@@ -217,24 +221,25 @@ async def test_a_question_the_head_is_unsure_of_gets_its_topic_or_an_honest_no_a
     assert (reply.intent, reply.topic) in ((Intent.ANSWER, topic), (Intent.NO_ANSWER, None))
 
 
-async def test_eczema_is_not_answered_with_a_topic_that_does_not_cover_it(dispatcher):
-    # Once answered with body.dry_skin (and by real users' wording with body.dampness); no topic covers eczema.
-    reply = await dispatcher.handle(text("身上起湿疹很痒"))
-    assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR) and reply.topic is None
+@pytest.mark.parametrize("q", ["身上起湿疹很痒", "我手上湿疹好几年了 怎么护理"])
+async def test_eczema_is_not_answered_with_a_topic_that_does_not_cover_it(dispatcher, q):
+    # Once answered with body.dry_skin (and by real users' wording with body.dampness); only
+    # infant.eczema covers eczema, and it is written for babies and young children.
+    reply = await dispatcher.handle(text(q))
+    assert reply.topic in (None, "infant.eczema") and reply.topic != "body.dampness"
 
 
 @pytest.mark.parametrize("q", [
     "运动后肌肉酸痛怎么缓解", "健身完第二天浑身酸痛正常吗", "脚踝扭伤了要冰敷还是热敷", "打球崴脚了怎么处理",
     "是不是运动过量了 全身酸痛", "肌肉拉伤怎么办", "手腕扭了一下 有点肿", "sore muscles after exercise what helps",
-    "my legs ache two days after the gym", "I twisted my ankle playing football", "my wrist hurts after typing all day"])
-async def test_exercise_soreness_and_sprains_no_topic_covers_get_an_honest_no_answer(dispatcher, q):
+    "my legs ache two days after the gym", "I twisted my ankle playing football", "sore inner thigh after the gym"])
+async def test_exercise_soreness_and_sprains_get_the_first_aid_topics_never_a_neighbouring_one(dispatcher, q):
     """They got body.neck_shoulder, body.tension_headache, body.cold_hands_feet, exercise.after_meal,
     exercise.sedentary, exercise.stretching or body.lower_back answers, and the football ankle
-    out_of_scope (ninth session's probe); no catalogue topic covers exercise soreness, sprains,
-    strains or a sore wrist. (Knee pain when walking or running stays with exercise.walking,
-    whose advice and doctor line cover it.)"""
+    out_of_scope (ninth session's probe); firstaid.sprains and firstaid.muscle_soreness cover them now."""
     reply = await dispatcher.handle(text(q))
-    assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR) and reply.topic is None  # never a wrong topic
+    assert reply.topic in (None, "firstaid.sprains", "firstaid.muscle_soreness"), (reply.intent, reply.topic)
+    assert reply.intent is not Intent.OUT_OF_SCOPE
 
 
 @pytest.mark.parametrize("q, topic", [
