@@ -8,15 +8,25 @@ none are never one shared user (one of them asking for a person would otherwise
 hand every other to that person); send it back to continue the conversation
 (follow-ups, a handoff, ``GET /api/messages``). A body that is not such a JSON
 object gets 400 with an ``error`` message.
+
+Admission (bot/admission.py, when the app has one): the caller's address may send
+``address_per_minute`` requests and ``address_tokens_per_minute`` estimated tokens
+of questions; beyond either, 429 with ``Retry-After`` and an ``error``. While the
+server shuts down, a question not answered by the drain deadline gets 503 with
+``Retry-After``, ``retry: true`` and its ``user_id`` and ``message_id``: sent again
+with the same ids (to any replica), it gets the answer computed meanwhile or a new one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import uuid
 
 from aiohttp import web
 
+from bot.admission import ADMISSION_KEY
 from bot.types import Inbound, MessageKind
 
 MAX_TEXT_CHARS = 2000  # longer questions are refused with 400; no channel sends more in one message
@@ -28,10 +38,22 @@ def _dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
+def _too_many(what: str, wait_s: float) -> web.Response:
+    seconds = max(1, math.ceil(wait_s))
+    return web.json_response({"error": f"{what}: try again in {seconds} s"}, status=429,
+                             headers={"Retry-After": str(seconds)})
+
+
 def setup_http(app: web.Application, dispatcher) -> None:
     """Add ``POST /api/chat`` to ``app``, answering through ``dispatcher.handle``."""
 
     async def chat(request: web.Request) -> web.Response:
+        admission = request.app.get(ADMISSION_KEY)
+        address = admission.client_address(request) if admission is not None else ""
+        if admission is not None:
+            wait = admission.check_address(address)
+            if wait is not None:
+                return _too_many("too many requests from this address", wait)
         # Bytes, not request.json(): a declared charset such as ``charset=foo`` is not trusted
         # (LookupError), and JSON is UTF-8 (RFC 8259 section 8.1).
         raw = await request.read()
@@ -62,11 +84,27 @@ def setup_http(app: web.Application, dispatcher) -> None:
                 return web.json_response(
                     {"error": f"field '{field}' must be a string or integer of 1-{MAX_ID_CHARS} characters"},
                     status=400)
+        if admission is not None:
+            wait = admission.check_address_work(address, text)
+            if wait is not None:
+                return _too_many("too much text from this address in the last minute", wait)
         user = str(body.get("user_id") or f"anon-{uuid.uuid4().hex}")
         inbound = Inbound(channel="http", user_id=user, chat_id=user,
                           message_id=str(body.get("message_id") or uuid.uuid4()),
                           kind=MessageKind.TEXT, text=text, lang=lang)
-        reply = await dispatcher.handle(inbound)
+        if admission is None:
+            reply = await dispatcher.handle(inbound)
+        else:
+            work = asyncio.ensure_future(dispatcher.handle(inbound))
+            if not await admission.until_deadline(work):
+                # Shutting down and not done: the computation goes on (its reply is kept by
+                # message id if it ends before the store closes); the caller sends it again.
+                admission.stats["http_retry_at_shutdown"] += 1
+                return web.json_response(
+                    {"error": "the server is restarting: send the same message again", "retry": True,
+                     "user_id": inbound.user_id, "message_id": inbound.message_id},
+                    status=503, headers={"Retry-After": "1"}, dumps=_dumps)
+            reply = work.result()
         return web.json_response({**reply.as_dict(), "user_id": inbound.user_id}, dumps=_dumps)
 
     app.router.add_post("/api/chat", chat)

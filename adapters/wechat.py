@@ -56,6 +56,12 @@ The deadline:
     finished Reply; the claim is what stops it from also being queued or sent. Queue
     entries leave only through ``pop_all`` immediately followed by a passive reply.
 
+    Shutdown (:meth:`WechatAdapter.drain`, then :meth:`WechatAdapter.hand_over`): late
+    answers still computing at the server's drain deadline are handed to the store
+    (``wechat:unfinished``) and the next process to start computes and delivers them;
+    pages not yet sent go to the pending queue. Nothing is delivered after the store
+    is closed.
+
     Not chosen: holding deliveries 1 and 2 open past 5 s so that WeChat's retry picks
     up a late answer. A miscounted delivery (one lost on the way) would make us hold
     the last one, and the user would see WeChat's error.
@@ -113,6 +119,7 @@ from adapters.wechat_api import SendOutcome, WechatApi
 from adapters.wechat_parse import Reject as _Reject
 from adapters.wechat_parse import (extract_encrypt, parse_inbound, parse_timestamp, parse_xml,
                                    strip_invalid_xml_chars)
+from bot.admission import ADMISSION_KEY, Admission
 from bot.config import Config, ConfigError
 from bot.handoff import HandoffManager, PlatformAgentRelay
 from bot.store import Store, open_store
@@ -125,6 +132,7 @@ __all__ = [
     "DELIVERED_KEY",
     "MORE_KEY",
     "PENDING_KEY",
+    "UNFINISHED_KEY",
     "WECHAT_ADAPTER",
     "Pages",
     "WechatAdapter",
@@ -153,6 +161,14 @@ PENDING_KEY = "wechat:pending:{openid}"
 ``q``, the question's first characters, with personal data masked)."""
 MORE_KEY = "wechat:more:{openid}"
 """Store key of a user's unread pages (JSON ``{"bodies": [...], "tail", "lang"}``), served one per "1"."""
+UNFINISHED_KEY = "wechat:unfinished"
+"""Store list of messages whose answer was still being computed when a process shut down
+(JSON of the :class:`~bot.types.Inbound`, :func:`_inbound_to_json`); the next process to
+start (any replica) computes and delivers them (:meth:`WechatAdapter.recover`)."""
+UNFINISHED_TTL_S = 3600.0
+"""Seconds a message left unfinished by a shutdown waits for the next process."""
+SHUTDOWN_GRACE_S = 0.5
+"""Seconds a shutdown waits, after handing unfinished work to the store, for the last store writes."""
 
 DELIVERY_STATE_TTL_S = 3600.0
 """Seconds a delivery claim is kept: past WeChat's retries (~15 s) and the dispatcher's
@@ -465,6 +481,25 @@ def _via(how: str) -> str:
     return json.dumps({"via": how})
 
 
+def _inbound_to_json(inbound: Inbound) -> str:
+    raw = {k: v for k, v in inbound.raw.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    return json.dumps({"v": 1, "user_id": inbound.user_id, "chat_id": inbound.chat_id,
+                       "message_id": inbound.message_id, "kind": inbound.kind.value, "text": inbound.text,
+                       "lang": inbound.lang, "received_at": inbound.received_at, "raw": raw}, ensure_ascii=False)
+
+
+def _inbound_from_json(raw: str) -> Inbound | None:
+    try:
+        d = json.loads(raw)
+        return Inbound(channel=wc.CHANNEL, user_id=str(d["user_id"]), chat_id=str(d.get("chat_id") or d["user_id"]),
+                       message_id=str(d["message_id"]), kind=MessageKind(d["kind"]), text=str(d.get("text") or ""),
+                       lang=d.get("lang"), received_at=float(d.get("received_at") or time.time()),
+                       raw=dict(d.get("raw") or {}))
+    except (ValueError, KeyError, TypeError):
+        log.error("wechat.unfinished_unreadable")
+        return None
+
+
 def _snippet(text: str) -> str:
     text = " ".join(strip_invalid_xml_chars(text).split())
     return text if len(text) <= QUESTION_SNIPPET_CHARS else text[: QUESTION_SNIPPET_CHARS - 1] + _ELLIPSIS
@@ -524,7 +559,14 @@ class WechatAdapter:
         self.api: WechatApi | None = api
         self.pending: set[asyncio.Task[Any]] = set()
         self.stats: Counter[str] = Counter()
-        self._late: set[str] = set()
+        #: Late messages (answer still computing when their webhook answered): MsgId -> (Inbound, task).
+        self._late: dict[str, tuple[Inbound, asyncio.Future[Reply]]] = {}
+        #: Tasks waiting on a customer-service API call (cancelled at the shutdown deadline).
+        self._in_api: set[asyncio.Task[Any]] = set()
+        #: Set by :meth:`hand_over`: from then on, pages go to the pending queue instead of the API.
+        self._closing = False
+        #: The app's admission control (its shutdown deadline bounds a delivery's wait).
+        self.admission: Admission | None = None
         self._user_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         if store is not None:
             self.attach(store)
@@ -734,6 +776,9 @@ class WechatAdapter:
         """
         task = asyncio.ensure_future(self.dispatcher.handle(inbound))
         self._track(task)
+        left = self.admission.seconds_left() if self.admission is not None else None
+        if left is not None:  # shutting down: answer before the drain deadline, the rest is handed over
+            budget_s = min(budget_s, left - 0.1)
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout=max(budget_s, 0.0))
         except TimeoutError:
@@ -742,12 +787,16 @@ class WechatAdapter:
                         budget_s=round(budget_s, 3), kind=inbound.kind.value,
                         then="customer-service API" if self.service else "pending queue")
             if late and self.store is not None and inbound.message_id not in self._late:
-                self._late.add(inbound.message_id)
-                task.add_done_callback(lambda t: self._spawn(self._deliver_late(inbound, t)))
+                self._watch_late(inbound, task)
             return None
         except Exception as exc:  # noqa: BLE001 — logged with its trace in _finished
             log.error("wechat.dispatcher_failed", message_id=inbound.message_id, error=type(exc).__name__)
             return None
+
+    def _watch_late(self, inbound: Inbound, task: asyncio.Future[Reply]) -> None:
+        """Deliver ``task``'s answer when it is ready (:meth:`_deliver_late`)."""
+        self._late[inbound.message_id] = (inbound, task)
+        task.add_done_callback(lambda t: self._spawn(self._deliver_late(inbound, t)))
 
     def _track(self, task: asyncio.Task[Any]) -> None:
         self.pending.add(task)
@@ -888,7 +937,7 @@ class WechatAdapter:
             self.stats["store_errors"] += 1
             log.exception("wechat.error", stage="late", message_id=inbound.message_id)
         finally:
-            self._late.discard(inbound.message_id)
+            self._late.pop(inbound.message_id, None)
 
     async def _deliver_late_reply(self, inbound: Inbound, reply: Reply) -> None:
         assert self.store is not None
@@ -921,8 +970,8 @@ class WechatAdapter:
 
     async def _send_later(self, openid: str, pages: Pages, start: int, msgid: str, question: str) -> None:
         """:meth:`_send_pages` after :data:`KF_FOLLOW_UP_DELAY_S` (so they follow the passive reply)."""
-        await asyncio.sleep(KF_FOLLOW_UP_DELAY_S)
         try:
+            await asyncio.sleep(KF_FOLLOW_UP_DELAY_S)
             await self._send_pages(openid, pages, start, msgid, question)
         except Exception:  # noqa: BLE001
             self.stats["store_errors"] += 1
@@ -940,9 +989,25 @@ class WechatAdapter:
         assert self.store is not None and self.api is not None
         n = len(pages.bodies)
         allowed_end = start + wc.KF_MESSAGES_PER_USER_MESSAGE
+        me = asyncio.current_task()
         for i in range(start, n):
+            if self._closing:  # shutting down: what is left waits for the user's next message
+                await self._queue_rest(openid, pages, i, msgid, question)
+                return
             last_allowed = i == allowed_end - 1 and n > allowed_end
-            outcome = await self.api.send_text(openid, pages.page(i, more=last_allowed))
+            if me is not None:
+                self._in_api.add(me)
+            try:
+                outcome = await self.api.send_text(openid, pages.page(i, more=last_allowed))
+            except asyncio.CancelledError:
+                # The shutdown deadline came during the call: the page may or may not have
+                # arrived; queued again (a repeat rather than a loss), with the rest.
+                if self._closing:
+                    await self._queue_rest(openid, pages, i, msgid, question)
+                raise
+            finally:
+                if me is not None:
+                    self._in_api.discard(me)
             if outcome is SendOutcome.SENT:
                 self.stats["kf_pages"] += 1
                 if last_allowed:
@@ -955,14 +1020,22 @@ class WechatAdapter:
                             hint="no answer from the API: not queued again, it may have reached the user")
             rest = i if outcome is SendOutcome.FAILED else i + 1
             if rest < n:
-                text = "\n\n".join(pages.bodies[rest:] + ((pages.tail,) if pages.tail else ()))
-                item = {"msgid": msgid, "q": question if rest == 0 else "", "cont": rest > 0, "text": text,
-                        "lang": pages.lang}
-                await self.store.push(PENDING_KEY.format(openid=openid), json.dumps(item, ensure_ascii=False),
-                                      PENDING_TTL_S)
+                await self._queue_rest(openid, pages, rest, msgid, question)
                 self.stats["kf_fallback_pending"] += 1
                 log.info("wechat.kf_failed_answer_pending", message_id=msgid, user=_mask(openid), from_page=rest + 1)
             return
+
+    async def _queue_rest(self, openid: str, pages: Pages, rest: int, msgid: str, question: str) -> None:
+        """Pages ``rest`` on of an answer into the user's pending queue (their next passive reply)."""
+        assert self.store is not None
+        text = "\n\n".join(pages.bodies[rest:] + ((pages.tail,) if pages.tail else ()))
+        item = {"msgid": msgid, "q": question if rest == 0 else "", "cont": rest > 0, "text": text,
+                "lang": pages.lang}
+        await self.store.push(PENDING_KEY.format(openid=openid), json.dumps(item, ensure_ascii=False),
+                              PENDING_TTL_S)
+        if self._closing:
+            self.stats["shutdown_pages_pending"] += 1
+            log.info("wechat.shutdown_answer_pending", message_id=msgid, user=_mask(openid), from_page=rest + 1)
 
     # ---- unsubscribe
 
@@ -995,12 +1068,70 @@ class WechatAdapter:
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Wait up to ``timeout_s`` seconds (default ``reply_budget_s``) for computations
-        and deliveries still running after their webhook answered (graceful shutdown);
-        never cancels them."""
+        and deliveries still running after their webhook answered; never cancels them."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.cfg.reply_budget_s if timeout_s is None else timeout_s)
+        deadline = loop.time() + (self.cfg.reply_budget_s if timeout_s is None else max(timeout_s, 0.0))
         while self.pending and loop.time() < deadline:
             await asyncio.wait(set(self.pending), timeout=deadline - loop.time())
+
+    async def hand_over(self) -> None:
+        """Graceful shutdown, after :meth:`drain` and before the store closes: nothing
+        computed or being delivered is lost.
+
+        Each message whose answer is still being computed goes to :data:`UNFINISHED_KEY`
+        (the next process to start answers it; the delivery claim keeps it to one
+        delivery) and is no longer delivered from here; a customer-service send still
+        waiting on the API is cancelled, and its page with every page not yet sent goes
+        to the user's pending queue (as does every page from now on). Then up to
+        :data:`SHUTDOWN_GRACE_S` for those store writes.
+        """
+        if self.store is None:
+            return
+        self._closing = True
+        saved = 0
+        for inbound, task in list(self._late.values()):
+            if task.done():
+                continue
+            try:
+                await self.store.push(UNFINISHED_KEY, _inbound_to_json(inbound), UNFINISHED_TTL_S)
+            except Exception:  # noqa: BLE001 - it may still finish and be delivered before the store closes
+                self.stats["store_errors"] += 1
+                log.exception("wechat.store_error", stage="shutdown", message_id=inbound.message_id)
+                continue
+            saved += 1
+            task.cancel()  # its delivery is now the next process's (the computation itself goes on)
+        for task in list(self._in_api):
+            task.cancel()
+        if self.pending:
+            await asyncio.wait(set(self.pending), timeout=SHUTDOWN_GRACE_S)
+        self.stats["shutdown_unfinished_saved"] += saved
+        if saved or self.pending:
+            log.info("wechat.shutdown_handed_over", unfinished_saved=saved, still_running=len(self.pending))
+
+    async def recover(self) -> int:
+        """At start-up: compute and deliver the messages a stopped process left unfinished
+        (:data:`UNFINISHED_KEY`); returns how many were taken. Never raises."""
+        if self.store is None:
+            return 0
+        try:
+            items = await self.store.pop_all(UNFINISHED_KEY)
+        except Exception:  # noqa: BLE001 - the store is down: they wait for a later start
+            self.stats["store_errors"] += 1
+            log.exception("wechat.store_error", stage="recover")
+            return 0
+        taken = 0
+        for raw in items:
+            inbound = _inbound_from_json(raw)
+            if inbound is None or inbound.message_id in self._late:
+                continue
+            task = asyncio.ensure_future(self.dispatcher.handle(inbound))
+            self._track(task)
+            self._watch_late(inbound, task)
+            taken += 1
+        if taken:
+            self.stats["recovered"] += taken
+            log.info("wechat.recovered_unfinished", count=taken)
+        return taken
 
     async def close(self) -> None:
         """Close the API client's HTTP session."""
@@ -1028,13 +1159,18 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
         handoff: the app's handoff manager: told that WeChat's customer-service system
             takes handed-off chats (default: the dispatcher's, if it has one).
 
-    On shutdown, deliveries still running are drained (``reply_budget_s``).
+    At start-up, messages a stopped process left unfinished are answered
+    (:meth:`WechatAdapter.recover`). On shutdown, computations and deliveries still
+    running are waited for until the server's drain deadline (the app's
+    :class:`~bot.admission.Admission`; without one, ``reply_budget_s``), and what is
+    left is handed to the store (:meth:`WechatAdapter.hand_over`) before it closes.
 
     Raises:
         ConfigError: see :class:`WechatAdapter`.
         bot.store.StoreError: at start-up, the store cannot be opened.
     """
     adapter = WechatAdapter(cfg, dispatcher, store=store, handoff=handoff)
+    adapter.admission = app.get(ADMISSION_KEY)
     app[WECHAT_ADAPTER] = adapter
     app.router.add_get("/wechat", adapter.handle_get)
     app.router.add_post("/wechat", adapter.handle_post)
@@ -1044,6 +1180,8 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
         if adapter.store is None and cfg.wechat.token:
             opened = await open_store(cfg.effective_store_url)
             adapter.attach(opened)
+        if cfg.wechat.token:
+            await adapter.recover()  # what a stopped process left unfinished
         try:
             yield
         finally:
@@ -1052,7 +1190,10 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
                 await opened.close()
 
     async def _drain(_app: web.Application) -> None:
-        await adapter.drain()
+        # Until the server's drain deadline (bot/app.py serve), else one reply budget.
+        left = adapter.admission.seconds_left() if adapter.admission is not None else None
+        await adapter.drain(left)
+        await adapter.hand_over()
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(_drain)

@@ -17,11 +17,13 @@ from adapters.console import setup_console
 from adapters.http import setup_http
 from adapters.wechat import setup_wechat
 from bot import metrics
+from bot.admission import ADMISSION_KEY, Admission, AdmissionLimits, GatedTCPSite, install, raise_fd_limit
 from bot.config import Config
 from bot.handoff import HandoffManager
 from bot.logs import REQUEST_ID_HEADER, request_id_from_header
 from bot.reload import watch_knowledge_base
 from bot.runtime import open_dispatcher
+from bot.store.health import check_store
 
 log = structlog.get_logger("healthbot.app")
 
@@ -36,6 +38,12 @@ STORE_PING_TIMEOUT_S = 0.5
 #: engine call on a worker thread, a blocked event loop), :func:`serve`'s watchdog
 #: ends it this many seconds later, with exit status 1.
 WATCHDOG_GRACE_S = 1.0
+
+#: Seconds of ``server.shutdown_timeout_s`` kept for the last steps of a shutdown (unfinished
+#: WeChat answers handed to the store, the store and the inference pool closed): routes and
+#: deliveries must be done by ``shutdown_timeout_s - SHUTDOWN_RESERVE_S`` after the signal
+#: (at most half of the timeout is kept back).
+SHUTDOWN_RESERVE_S = 1.5
 
 
 class ServerState:
@@ -77,13 +85,31 @@ async def request_id_middleware(request: web.Request, handler) -> web.StreamResp
 
 
 class _LateDispatcher:
-    """Routes are added before start-up; this forwards to the dispatcher once it exists."""
+    """Routes are added before start-up; this forwards to the dispatcher once it exists,
+    through the app's admission control (bot/admission.py: the per-user work budget and
+    the window on long questions, whose reply then says so)."""
 
-    def __init__(self) -> None:
+    def __init__(self, admission: Admission | None = None) -> None:
         self.target = None
+        self.admission = admission
 
     async def handle(self, inbound):
-        return await self.target.handle(inbound)
+        target = self.target
+        if self.admission is None:
+            return await target.handle(inbound)
+        handoff = getattr(target, "handoff", None)
+
+        async def in_handoff() -> bool:
+            try:
+                return await handoff.active(inbound.channel, inbound.user_id) is not None
+            except Exception:  # noqa: BLE001 - the store is down: treat as no handoff
+                return False
+
+        decision = await self.admission.admit(inbound, in_handoff if handoff is not None else None)
+        if decision.refusal is not None:
+            return decision.refusal
+        reply = await target.handle(decision.inbound)
+        return Admission.noted(reply, inbound.text) if decision.windowed else reply
 
     async def forget_user(self, channel: str, user_id: str) -> None:
         await self.target.forget_user(channel, user_id)
@@ -93,12 +119,14 @@ async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
     """``/readyz``: ``(HTTP status, body)``.
 
     200 when the model is loaded (the dispatcher exists) and, if the dispatcher has a
-    store, the store answers its ping within :data:`STORE_PING_TIMEOUT_S`; 503 before
-    start-up is done, when the store does not answer, while no inference worker process
+    store, the store reads and writes within :data:`STORE_PING_TIMEOUT_S`
+    (:func:`bot.store.health.check_store`: its ``health()`` probe, else its ping); 503 before
+    start-up is done, when the store does not answer or cannot write (disk full, read-only
+    database: replies still go out, without the store), while no inference worker process
     runs (``inference.device_processes``; they are being restarted), and once shutdown
     has begun. The body says which: ``ready``, ``model_loaded``, ``shutting_down``, and
     once loaded ``engine`` (e.g. ``"onnxruntime"``), ``topics`` (count), ``store`` (``ok`` |
-    ``unreachable``) and with worker processes ``inference_processes`` (``"alive/all"``).
+    ``unwritable`` | ``unreachable``) and with worker processes ``inference_processes`` (``"alive/all"``).
     """
     body: dict = {"ready": False, "model_loaded": dispatcher is not None, "shutting_down": state.shutting_down}
     if dispatcher is None:
@@ -112,12 +140,8 @@ async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
             return 503, body
     store = getattr(dispatcher, "store", None)
     if store is not None:
-        try:
-            reachable = bool(await asyncio.wait_for(store.ping(), STORE_PING_TIMEOUT_S))
-        except Exception:  # noqa: BLE001 - any failure means "not reachable"
-            reachable = False
-        body["store"] = "ok" if reachable else "unreachable"
-        if not reachable:
+        body["store"] = await check_store(store, STORE_PING_TIMEOUT_S)
+        if body["store"] != "ok":
             return 503, body
     if state.shutting_down:
         return 503, body
@@ -131,16 +155,22 @@ def create_app(cfg: Config) -> web.Application:
     ``telegram.token`` is set. Every response carries ``X-Request-Id``.
 
     The model, knowledge base and inference pool are loaded in the app's cleanup
-    context (start-up) and drained on shutdown.
+    context (start-up) and drained on shutdown. Admission control (bot/admission.py,
+    at :data:`~bot.admission.ADMISSION_KEY`) is in front of the dispatcher and in the
+    middleware: the window on long questions, per-user and per-address budgets, held
+    4xx answers for failing addresses, the body timeout, and the shutdown's drain deadline.
     """
     app = web.Application(client_max_size=cfg.server.max_body_bytes, middlewares=[request_id_middleware])
     app[CONFIG_KEY] = cfg
+    # Admission control (bot/admission.py) before the channels: its middleware, and its wait
+    # for the messages being answered as the first shutdown step.
+    admission = install(app, Admission(AdmissionLimits(), safety=cfg.safety))
     state = app[STATE_KEY] = ServerState()
     handoff = app[HANDOFF_KEY] = HandoffManager()
-    dispatcher = _LateDispatcher()
+    dispatcher = _LateDispatcher(admission)
 
     async def lifecycle(app: web.Application):
-        async with open_dispatcher(cfg, handoff) as real:
+        async with open_dispatcher(cfg, handoff, drain_deadline=lambda: admission.drain_deadline) as real:
             dispatcher.target = real
             watcher = None
             if cfg.knowledge.reload_interval_s > 0:
@@ -178,21 +208,96 @@ def create_app(cfg: Config) -> web.Application:
     return app
 
 
-async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = False) -> int:
-    """Serve ``app`` on ``server.host:server.port`` until SIGTERM or SIGINT, then shut down gracefully.
+async def start_server(app: web.Application, cfg: Config) -> tuple[web.AppRunner, web.BaseSite]:
+    """Start ``app`` (its cleanup contexts: the model loads) and open ``server.host:server.port``.
 
-    Start-up loads the model before the port opens. aiohttp's access log is off (its
-    request line would carry WeChat's ``openid`` and signature query); each message's
-    ``reply`` line, and ``http_request`` lines at DEBUG, take its place.
+    The server's limits: aiohttp's ``keepalive_timeout`` (idle time between requests),
+    ``client_max_size`` (``server.max_body_bytes``, set by :func:`create_app`) and a 2 s
+    lingering close; this process's soft file-descriptor limit raised to its hard limit;
+    with the app's :class:`~bot.admission.Admission`, every connection passes its
+    :class:`~bot.admission.ConnectionGate` (a cap on open connections, in all and per
+    address, and a header timeout). The site's ``port`` is the bound port (``server.port``
+    0 picks a free one).
+    """
+    timeout_s = cfg.server.shutdown_timeout_s
+    admission = app.get(ADMISSION_KEY)
+    limits = admission.limits if admission is not None else AdmissionLimits()
+    raise_fd_limit()
+    # Handlers still running after the drain (long polls) get a third of the reserve
+    # before aiohttp cancels them (bot/app.py shut_down).
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           shutdown_timeout=_reserve(timeout_s) / 3 if admission is not None else timeout_s,
+                           keepalive_timeout=limits.keepalive_timeout_s, lingering_time=2.0)
+    await runner.setup()
+    try:
+        if admission is not None:
+            admission.gate.refresh_cap()  # the file-descriptor limit was just raised
+            site: web.BaseSite = GatedTCPSite(runner, cfg.server.host, cfg.server.port, admission.gate)
+        else:
+            site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, site
 
-    On the signal, within ``server.shutdown_timeout_s`` seconds in all:
+
+def _reserve(timeout_s: float) -> float:
+    return min(SHUTDOWN_RESERVE_S, timeout_s / 2)
+
+
+async def shut_down(app: web.Application, runner: web.AppRunner, timeout_s: float) -> bool:
+    """The graceful shutdown of a server from :func:`start_server`, within ``timeout_s`` seconds.
+
+    In order (the drain deadline is ``timeout_s`` - :data:`SHUTDOWN_RESERVE_S` from now):
 
     1. ``/readyz`` answers 503; the listening socket closes (no new connections) and
        idle keep-alive connections close;
-    2. ``on_shutdown``: the WeChat adapter waits for replies still being computed;
-    3. requests in flight finish and get their answers (aiohttp waits for their handlers);
-    4. cleanup: Telegram finishes its queued updates, the dispatcher its computations,
-       the batcher runs what is pending, the inference pool stops.
+    2. ``on_shutdown``: messages being answered (POST requests) finish, until the drain
+       deadline: WeChat webhooks answer by then (``success`` when late), an HTTP-API
+       question not answered by then gets 503 "send it again" with its ids
+       (adapters/http.py); then the WeChat adapter delivers late answers until the
+       deadline and hands what is left to the store: messages still computing to
+       ``wechat:unfinished`` (the next process answers them), unsent pages to the
+       user's pending queue;
+    3. handlers still open (long polls) get a moment, then are cancelled;
+    4. cleanup, in reverse order of start-up: Telegram finishes its queued updates,
+       the WeChat adapter closes its store, the dispatcher waits for its computations
+       until the deadline, the batcher runs what is pending, the inference pool stops
+       and, last, the store closes.
+
+    Returns:
+        True after a clean shutdown; False when it took longer than ``timeout_s`` (what
+        was left is logged and abandoned).
+    """
+    loop = asyncio.get_running_loop()
+    admission = app.get(ADMISSION_KEY)
+    state = app.get(STATE_KEY)
+    if state is not None:
+        state.shutting_down = True
+    started = loop.time()
+    if admission is not None:
+        admission.begin_drain(started + timeout_s - _reserve(timeout_s))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await runner.cleanup()
+    except TimeoutError:
+        log.error("shutdown_timed_out", timeout_s=timeout_s,
+                  hint="work still running was abandoned: raise server.shutdown_timeout_s, "
+                       "or look for a hung engine or Bot API call")
+        return False
+    log.info("shutdown_complete", seconds=round(loop.time() - started, 3),
+             admission=dict(admission.stats) if admission is not None else None)
+    return True
+
+
+async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = False) -> int:
+    """Serve ``app`` on ``server.host:server.port`` until SIGTERM or SIGINT, then shut down gracefully.
+
+    Start-up loads the model before the port opens (:func:`start_server`). aiohttp's
+    access log is off (its request line would carry WeChat's ``openid`` and signature
+    query); each message's ``reply`` line, and ``http_request`` lines at DEBUG, take its
+    place. On the signal: :func:`shut_down`, within ``server.shutdown_timeout_s`` seconds.
 
     Args:
         app: from :func:`create_app`.
@@ -206,14 +311,8 @@ async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = Fals
         logged and abandoned).
     """
     timeout_s = cfg.server.shutdown_timeout_s
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=timeout_s)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
+    runner, _site = await start_server(app, cfg)
+    admission = app.get(ADMISSION_KEY)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     received: list[str] = []
@@ -225,23 +324,13 @@ async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = Fals
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        log.info("serving", host=cfg.server.host, port=cfg.server.port, shutdown_timeout_s=timeout_s)
+        log.info("serving", host=cfg.server.host, port=cfg.server.port, shutdown_timeout_s=timeout_s,
+                 max_connections=admission.gate.cap if admission is not None else None)
         await stop.wait()
-        app[STATE_KEY].shutting_down = True
-        started = loop.time()
         log.info("shutdown_started", signal=received[0], timeout_s=timeout_s)
         if exit_watchdog:
             _start_exit_watchdog(timeout_s + WATCHDOG_GRACE_S)
-        try:
-            async with asyncio.timeout(timeout_s):
-                await runner.cleanup()
-        except TimeoutError:
-            log.error("shutdown_timed_out", timeout_s=timeout_s,
-                      hint="work still running was abandoned: raise server.shutdown_timeout_s, "
-                           "or look for a hung engine or Bot API call")
-            return 1
-        log.info("shutdown_complete", seconds=round(loop.time() - started, 3))
-        return 0
+        return 0 if await shut_down(app, runner, timeout_s) else 1
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 
 import structlog
 
@@ -34,20 +34,23 @@ from bot.intents import (HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_r
 from bot.knowledge import KnowledgeBase
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
-from bot.session import Sessions, is_follow_up
+from bot.session import Session, Sessions, is_follow_up
 from bot.store import MemoryStore, Store, StoreError
+from bot.store.health import LocalCache, store_unavailable
 from bot.types import Inbound, Intent, MessageKind, Reply
 from inference.batcher import BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
 from safety.disclaimer import with_disclaimer
 from safety.normalize import normalize, to_user_script
-from safety.pii import pseudonym
+from safety.pii import mask_pii, pseudonym
 from safety.review import review
 from safety.safety_net import safety_net
-from safety.scope import check_scope, has_medicine, refer_reply
+from safety.scope import check_scope, has_medicine, names_medicine, refer_reply
 from safety.triage import crisis_reply, triage
 
 log = structlog.get_logger("healthbot.dispatch")
+
+T = TypeVar("T")
 
 #: A claim on a message being computed expires after this, seconds (a replica that
 #: died mid-computation does not block the next delivery for long).
@@ -106,6 +109,17 @@ class Dispatcher:
         self.handoff = handoff or HandoffManager(self.store)
         self.sessions = Sessions(self.store)
         self.once: OnceCache[Reply] = OnceCache()
+        #: Finished replies this process could not store (the store failed): dedup in memory.
+        self.replies_here: LocalCache[str, str] = LocalCache()
+
+    async def _without_store(self, operation: str, call: Awaitable[T], fallback: T) -> T:
+        """``await call``; if the store fails, ``fallback`` instead: the reply is still computed and
+        delivered, and the outage logged and counted (``store.unavailable``, bot/store/health.py)."""
+        try:
+            return await call
+        except StoreError as exc:
+            store_unavailable(operation, exc)
+            return fallback
 
     async def _within_rate(self, inbound: Inbound) -> bool:
         """Per-user token bucket (``server.user_rate_per_minute``, ``server.user_burst``)."""
@@ -115,7 +129,8 @@ class Dispatcher:
         try:
             return await self.store.take_token(f"rate:{inbound.channel}:{inbound.user_id}",
                                                srv.user_rate_per_minute / 60.0, srv.user_burst)
-        except StoreError:
+        except StoreError as exc:  # no rate limit while the store is down
+            store_unavailable("rate_limit", exc)
             return True
 
     async def forget_user(self, channel: str, user_id: str) -> None:
@@ -165,19 +180,29 @@ class Dispatcher:
                 return Reply.from_json(stored)
             claimed = await self.store.set_if_absent(f"dedup:{key}", "1", CLAIM_TTL_S)
         except StoreError as exc:
-            log.warning("dedup.store_unavailable", error=str(exc))
-            return await compute()
+            store_unavailable("dedup", exc)
+            here = self.replies_here.get(reply_key)
+            if here is not None:
+                return Reply.from_json(here)
+            reply = await compute()
+            self.replies_here.set(reply_key, reply.to_json(), REPLY_TTL_S)
+            return reply
         if claimed:
             reply = await compute()
             try:
                 await self.store.set(reply_key, reply.to_json(), REPLY_TTL_S)
             except StoreError as exc:
-                log.warning("dedup.store_unavailable", error=str(exc))
+                store_unavailable("dedup", exc)
+                self.replies_here.set(reply_key, reply.to_json(), REPLY_TTL_S)
             return reply
         deadline = time.monotonic() + REPLICA_WAIT_S
         while time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            stored = await self.store.get(reply_key)
+            try:
+                stored = await self.store.get(reply_key)
+            except StoreError as exc:  # the winner's reply cannot be read: compute it here
+                store_unavailable("dedup", exc)
+                return await compute()
             if stored is not None:
                 return Reply.from_json(stored)
         log.info("dedup.answered_elsewhere", channel=inbound.channel, message_id=inbound.message_id)
@@ -212,9 +237,11 @@ class Dispatcher:
             metrics.observe_request(inbound.channel, outcome, latency_s)
             metrics.record_safety(reply.intent.value, extra)
             if inbound.kind is MessageKind.TEXT and inbound.text:
-                await self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
+                await self._without_store("transcript", self.handoff.record_turn(
+                    inbound.channel, inbound.user_id, "user", inbound.text), None)
                 if reply.text:
-                    await self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", reply.text)
+                    await self._without_store("transcript", self.handoff.record_turn(
+                        inbound.channel, inbound.user_id, "bot", reply.text), None)
             log.info("reply", channel=inbound.channel, user=pseudonym(inbound.user_id), message_id=inbound.message_id,
                      intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
                      engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2),
@@ -249,9 +276,11 @@ class Dispatcher:
         if inbound.kind is MessageKind.EVENT:
             return Reply("", Intent.SYSTEM, lang), {}
         if inbound.kind is MessageKind.UNSUPPORTED:
-            in_handoff = await self.handoff.active(inbound.channel, inbound.user_id)
+            in_handoff = await self._without_store("handoff_active", self.handoff.active(
+                inbound.channel, inbound.user_id), None)
             if in_handoff is not None:  # agents see that something was sent; the bot stays silent
-                await self.handoff.user_message(in_handoff, f"[{inbound.raw.get('type') or 'attachment'}]")
+                await self._without_store("handoff_relay", self.handoff.user_message(
+                    in_handoff, f"[{inbound.raw.get('type') or 'attachment'}]"), None)
                 return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
             if inbound.raw.get("type") == "voice":
                 return Reply(VOICE_OFF_REPLY[lang], Intent.SYSTEM, lang), {"unsupported": "voice"}
@@ -260,14 +289,16 @@ class Dispatcher:
             return out(intent_reply(Intent.GREETING, lang), Intent.GREETING), {}
 
         urgent = triage(norm.text, lang, self.cfg.safety)
-        in_handoff = await self.handoff.active(inbound.channel, inbound.user_id)
+        in_handoff = await self._without_store("handoff_active", self.handoff.active(
+            inbound.channel, inbound.user_id), None)
         if urgent is None and is_end_handoff(norm):  # "结束人工", "end chat": the bot takes the chat back
-            ended = in_handoff is not None and await self.handoff.end(inbound.channel, inbound.user_id, by="user")
+            ended = in_handoff is not None and await self._without_store("handoff_end", self.handoff.end(
+                inbound.channel, inbound.user_id, by="user"), None)
             return out(HANDOFF_ENDED_REPLY[lang], Intent.SYSTEM), {"handoff": "ended_by_user" if ended else "none"}
         if in_handoff is not None:
             # The bot stays silent while a person handles the chat, except for an
             # emergency, which always gets emergency guidance at once.
-            await self.handoff.user_message(in_handoff, text)
+            await self._without_store("handoff_relay", self.handoff.user_message(in_handoff, text), None)
             if urgent is None:
                 return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
         if urgent is not None:
@@ -282,13 +313,16 @@ class Dispatcher:
             return await self._handoff(inbound, agents, out, lang, "rule")
         scope = check_scope(norm.text, lang)
         referral = care_team_reply(norm, lang)
-        session = await self.sessions.get(inbound.channel, inbound.user_id)
+        session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
+                                            Session())
         context = None
         if session.last_topic and session.last_topic in self.kb.topics and is_follow_up(norm.text):
             # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
             context = self.kb.topics[session.last_topic].title[lang]
         try:
-            found = await self.retriever.search(norm.text, context=context)
+            # Personal data (a phone number, an ID) says nothing about the question and pulls
+            # the embedding toward "call me": retrieval and the head read it masked.
+            found = await self.retriever.search(mask_pii(norm.text), context=context)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
             # inference worker process is restarting). What the rules decided still goes out;
@@ -310,7 +344,8 @@ class Dispatcher:
         d = decide(probs, self.cfg.decision, rule=intent, scope=scope is not None,
                    care_team=referral is not None, off_topic=found.off_topic, retrieval_confidence=best.confidence,
                    min_confidence=self.cfg.knowledge.min_confidence,
-                   scope_gap=self.retriever.scope.uncovered(norm.text, best.topic_id))
+                   scope_gap=self.retriever.scope.uncovered(norm.text, best.topic_id),
+                   names_medicine=names_medicine(norm.text))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:
@@ -337,19 +372,26 @@ class Dispatcher:
             return reply(intent_reply(d.intent, lang), d.intent), notes
         if d.intent is Intent.NO_ANSWER:
             session.no_answer_streak += 1
-            await self.sessions.save(inbound.channel, inbound.user_id, session)
+            await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session),
+                                      None)
             return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=best.confidence * d.fit,
                          handoff=True), notes
         topic = self.kb.topics[best.topic_id]
         session.last_topic, session.no_answer_streak = topic.id, 0
-        await self.sessions.save(inbound.channel, inbound.user_id, session)
+        await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session),
+                                  None)
         return reply(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=best.confidence * d.fit), notes
 
     async def _handoff(self, inbound: Inbound, agents: bool, out, lang: str, source: str) -> tuple[Reply, dict]:
         """Start a handoff where a person can take it; else say honestly that nobody is available."""
         if not agents:  # asked for a person, but no console or agents' group could answer: say so
             return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.HANDOFF), {"handoff": "no_agents", "decided_by": source}
-        await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
+        try:
+            await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
+        except StoreError as exc:  # nothing recorded, so no person would see the chat: say so honestly
+            store_unavailable("handoff_start", exc)
+            return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.HANDOFF), {"handoff": "store_unavailable",
+                                                                          "decided_by": source}
         return out(intent_reply(Intent.HANDOFF, lang), Intent.HANDOFF, handoff=True), {"decided_by": source}
 
     def _number(self, lang: str) -> str:

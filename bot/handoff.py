@@ -14,7 +14,15 @@ State lives in the :class:`~bot.store.Store` (SQLite by default, Redis for sever
 replicas), so a handoff started on one replica is honoured by every other:
 ``handoff:<channel>:<user>`` (the session, JSON, expiring after the idle timeout),
 ``turns:<channel>:<user>`` (the last turns) and ``handoff:index`` (who is in handoff,
-for the agent console).
+for the agent console). With Redis, keep it across a Redis restart with ``appendonly
+yes`` (README, "Scaling out"): a Redis that comes back empty has forgotten every
+handoff, and the bot answers those users again.
+
+When the store fails, the methods that only read or write it raise
+:class:`~bot.store.StoreError` and the dispatcher goes on without them (no transcript,
+"not in handoff", an honest "nobody can take the chat right now"); a user's message
+already relayed to agents (:meth:`HandoffManager.user_message`) stays relayed, and an
+agent's reply (:meth:`HandoffManager.agent_message`) still goes to the user.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from typing import Awaitable, Callable, Protocol
 
 import structlog
 
-from bot.store import MemoryStore, Store
+from bot.store import MemoryStore, Store, StoreError
+from bot.store.health import store_unavailable
 from safety.pii import mask_pii, pseudonym
 
 log = structlog.get_logger("healthbot.handoff")
@@ -128,7 +137,11 @@ class HandoffManager:
             self._notifiers[channel] = notify_user
 
     async def record_turn(self, channel: str, user_id: str, who: str, text: str) -> None:
-        """Remember one turn ("user" or "bot") for a later handoff transcript (masked)."""
+        """Remember one turn ("user" or "bot") for a later handoff transcript (masked).
+
+        Raises:
+            StoreError: the store failed (the turn is not kept).
+        """
         key = f"turns:{channel}:{user_id}"
         turns = json.loads(await self.store.get(key) or "[]")
         turns = (turns + [f"{who}: {mask_pii(text)}"])[-TRANSCRIPT_TURNS:]
@@ -140,7 +153,11 @@ class HandoffManager:
                              ttl_s=self.idle_timeout_s if s.state == "active" else 60.0)
 
     async def active(self, channel: str, user_id: str) -> HandoffSession | None:
-        """The user's active handoff, or None (an idle one past the timeout has expired)."""
+        """The user's active handoff, or None (an idle one past the timeout has expired).
+
+        Raises:
+            StoreError: the store failed (whether the user is in handoff is unknown).
+        """
         raw = await self.store.get(f"handoff:{channel}:{user_id}")
         if raw is None:
             return None
@@ -183,7 +200,12 @@ class HandoffManager:
         return s
 
     async def user_message(self, s: HandoffSession, text: str) -> None:
-        """A message from a user in handoff: to the agents, not to the bot."""
+        """A message from a user in handoff: to the agents, not to the bot.
+
+        Raises:
+            StoreError: the message went to the agents' relay, but the session could not be
+                saved (its transcript and idle clock are not updated).
+        """
         s.last_activity = time.time()
         masked = mask_pii(text)
         s.transcript.append(f"user: {masked}")
@@ -198,7 +220,10 @@ class HandoffManager:
         """An agent's reply: sent to the user through the channel's notifier."""
         s.last_activity = time.time()
         s.transcript.append(f"agent: {mask_pii(text)}")
-        await self.save(s)
+        try:
+            await self.save(s)
+        except StoreError as exc:  # the reply still goes to the user; only its record is missing
+            store_unavailable("handoff_agent_message", exc)
         notify = self._notifiers.get(s.channel)
         if notify is not None:
             await notify(s, text)

@@ -6,9 +6,10 @@ CLI (bot/cli.py) both use :func:`open_dispatcher`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import structlog
 from threadpoolctl import threadpool_limits
@@ -38,13 +39,17 @@ def model_digest(cfg: Config) -> str:
 
 
 @asynccontextmanager
-async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) -> AsyncIterator[Dispatcher]:
+async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None, *,
+                          drain_deadline: Callable[[], float | None] | None = None) -> AsyncIterator[Dispatcher]:
     """Load the model, the knowledge base and the retrieval index; yield a ready dispatcher.
 
     The store (``cfg.effective_store_url``: SQLite under the data directory by
     default, Redis for several replicas) holds dedup claims, sessions, handoffs and
-    rate limits. On exit, in-flight replies are finished, the inference pool is
-    drained and the store closed.
+    rate limits. On exit, in order: in-flight replies are finished (until
+    ``drain_deadline()``, an event-loop time, when it gives one: the server's shutdown
+    deadline, by which every channel has answered or handed its unfinished messages to
+    the store; computations still running then are abandoned), the inference pool is
+    drained, and only then is the store closed.
 
     Raises:
         FileNotFoundError / inference errors: the model is not prepared
@@ -71,7 +76,20 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None) ->
         try:
             yield dispatcher
         finally:
-            await dispatcher.once.drain()
+            await _drain(dispatcher, drain_deadline() if drain_deadline is not None else None)
     finally:
         await encoder.close()
         await store.close()
+
+
+async def _drain(dispatcher: Dispatcher, deadline: float | None) -> None:
+    """Wait for the dispatcher's computations, until ``deadline`` (event-loop time) if given."""
+    if deadline is None:
+        await dispatcher.once.drain()
+        return
+    left = deadline - asyncio.get_running_loop().time()
+    try:
+        await asyncio.wait_for(asyncio.shield(dispatcher.once.drain()), timeout=max(left, 0.05))
+    except TimeoutError:
+        log.warning("shutdown.computations_abandoned",
+                    hint="past the shutdown deadline: their channels answered or handed them to the store")

@@ -47,7 +47,7 @@ WECHAT_QUESTIONS = ["手脚冰凉怎么办", "我这是什么病，帮我诊断�
 
 #: ARCHITECTURE.md "Operations" and issue 8: every family /metrics must serve.
 EXPECTED_FAMILIES = {
-    "healthbot_request_latency_seconds", "healthbot_requests_in_flight", "healthbot_dedup_hits",
+    "healthbot_store_unavailable", "healthbot_request_latency_seconds", "healthbot_requests_in_flight", "healthbot_dedup_hits",
     "healthbot_safety_outcomes", "healthbot_inference_queue_seconds", "healthbot_inference_batch_size",
     "healthbot_inference_batch_tokens", "healthbot_inference_pending", "healthbot_inference_dropped",
     "healthbot_inference_engine_seconds", "healthbot_inference_workers", "healthbot_inference_worker_exits",

@@ -59,6 +59,7 @@ def shared_url(request, tmp_path):
 async def test_every_backend_satisfies_the_store_protocol(store):
     assert isinstance(store, Store)
     assert await store.ping() is True
+    assert await store.health() == "ok"  # a read and a small write probe (bot/store/health.py)
 
 
 async def test_get_returns_what_set_stored_and_none_when_absent(store):

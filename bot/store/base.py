@@ -6,7 +6,11 @@ from typing import Protocol, runtime_checkable
 
 
 class StoreError(RuntimeError):
-    """The store is misconfigured or unreachable; the message says which and what to do."""
+    """The store is misconfigured, unreachable or cannot write; the message says which and what to do.
+
+    At run time callers degrade instead of failing (bot/store/health.py): the reply is
+    still computed and delivered without the store.
+    """
 
 
 @runtime_checkable
@@ -50,7 +54,12 @@ class Store(Protocol):
         ...
 
     async def ping(self) -> bool:
-        """True if the backend answers (for /readyz)."""
+        """True if the backend answers; never raises."""
+        ...
+
+    async def health(self) -> str:
+        """For /readyz: ``"ok"`` (reads and a small write succeed), ``"unwritable"`` (reads only:
+        disk full, read-only database, Redis refusing writes) or ``"unreachable"``; never raises."""
         ...
 
     async def close(self) -> None:

@@ -72,5 +72,8 @@ class MemoryStore:
     async def ping(self) -> bool:
         return True
 
+    async def health(self) -> str:
+        return "ok"
+
     async def close(self) -> None:
         return None

@@ -19,14 +19,23 @@ Atomicity, per the Redis docs:
 Token buckets are hashes under :data:`BUCKET_PREFIX` + key (their own key space,
 as in :class:`~bot.store.memory.MemoryStore`); each expires once it would be full
 again, which is the same as absent. TTLs are rounded up to whole milliseconds.
+
+When Redis stops answering (issue 21) callers go on without it (bot/store/health.py).
+So that each message does not wait for every one of its store calls to fail in turn,
+a call that could not reach Redis makes the following calls fail at once, without
+trying, for :data:`RETRY_AFTER_S`; then the next call tries again. :meth:`RedisStore.health`
+(``/readyz``) always tries. Keep the handoff state across a Redis restart with
+persistence: ``appendonly yes`` (README, "Scaling out").
 """
 
 from __future__ import annotations
 
 import math
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 from bot.store.base import StoreError
+from bot.store.health import OK, PROBE_KEY, UNREACHABLE, UNWRITABLE
 
 try:
     from redis.asyncio import BlockingConnectionPool, Redis
@@ -38,6 +47,9 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
         f"the Redis store needs redis-py ({e}): pip install 'healthbot[redis]', "
         "or unset HEALTHBOT_STORE_URL to use the embedded SQLite store"
     ) from e
+
+#: After a call could not reach Redis, calls fail at once for this long before one tries again, seconds.
+RETRY_AFTER_S = 1.0
 
 #: Prefix of the Redis keys that hold token buckets (``take_token("x")`` → ``_bucket:x``).
 BUCKET_PREFIX = "_bucket:"
@@ -144,6 +156,9 @@ class RedisStore:
         self._take_token = client.register_script(_TAKE_TOKEN)
         self._push = client.register_script(_PUSH)
         self._pop_all = client.register_script(_POP_ALL)
+        #: Monotonic time until which calls fail without trying (Redis did not answer).
+        self._down_until = 0.0
+        self._down_reason = ""
 
     @classmethod
     async def open(cls, url: str, *, connect_timeout_s: float = 2.0, timeout_s: float = 5.0,
@@ -190,13 +205,29 @@ class RedisStore:
         return StoreError(f"cannot reach {where}: {reason}. Start Redis there (e.g. 'redis-server "
                           f"--port {port}'), fix HEALTHBOT_STORE_URL, {_FALLBACK}")
 
-    async def _call(self, awaitable):
+    async def _call(self, awaitable, *, probe: bool = False):
+        """Await a redis-py call, turning its errors into :class:`StoreError`.
+
+        Within :data:`RETRY_AFTER_S` of a call that could not reach Redis, fails at once
+        without trying, unless ``probe`` (health checks always try).
+        """
+        if not probe and time.monotonic() < self._down_until:
+            close = getattr(awaitable, "close", None)
+            if close is not None:
+                close()  # the coroutine is never awaited
+            raise StoreError(f"cannot reach Redis at {self.address} (db {self.db}, {self.url}): {self._down_reason} "
+                             f"(not retried for {RETRY_AFTER_S:g} s)")
         try:
-            return await awaitable
+            result = await awaitable
         except (ConnectionError, TimeoutError, OSError) as e:
-            raise self._unreachable(e) from e
+            error = self._unreachable(e)
+            self._down_until = time.monotonic() + RETRY_AFTER_S
+            self._down_reason = str(e).rstrip(". ") or type(e).__name__
+            raise error from e
         except RedisError as e:
             raise StoreError(f"Redis at {self.address} (db {self.db}): {e}") from e
+        self._down_until = 0.0
+        return result
 
     async def get(self, key: str) -> str | None:
         """The string at ``key``, or None if absent, expired or not a string (a list)."""
@@ -244,9 +275,25 @@ class RedisStore:
     async def ping(self) -> bool:
         """True if Redis answers PING (False when unreachable; never raises)."""
         try:
-            return bool(await self._call(self._client.ping()))
+            return bool(await self._call(self._client.ping(), probe=True))
         except StoreError:
             return False
+
+    async def health(self) -> str:
+        """For ``/readyz``: ``"ok"`` when PING and a small write (:data:`~bot.store.health.PROBE_KEY`,
+        expiring after a minute) succeed, ``"unwritable"`` when Redis answers but refuses the
+        write (``MISCONF`` after a failed save on a full disk, ``OOM``, ``READONLY`` replica),
+        ``"unreachable"`` otherwise. Always tries, even within :data:`RETRY_AFTER_S` of a failure;
+        a success lets the other calls try again at once. Never raises."""
+        try:
+            await self._call(self._client.ping(), probe=True)
+        except StoreError:
+            return UNREACHABLE
+        try:
+            await self._call(self._client.set(PROBE_KEY, repr(time.time()), px=60_000), probe=True)
+        except StoreError:
+            return UNWRITABLE
+        return OK
 
     async def close(self) -> None:
         """Close the client and every pooled connection; safe to call twice."""

@@ -19,6 +19,14 @@ How it stays correct with several processes on one file:
 * Inside one process, one connection (aiosqlite's worker thread) is shared by all
   coroutines under an :class:`asyncio.Lock`, so transactions never interleave.
 
+When the store fails (issue 21) every method raises :class:`StoreError` and the
+caller goes on without it (bot/store/health.py); :meth:`SqliteStore.health` tells
+``/readyz`` whether the file can be read and written (a write probe catches a full
+disk or a read-only database), and comes back ``ok`` with the first write that
+succeeds again. ``PRAGMA mmap_size = 0`` keeps the database file out of memory maps,
+and :class:`~bot.store.shm_guard.ShmGuard` keeps the connection away from an
+unwritable or truncated ``-shm`` mapping, so neither can end the process with SIGBUS.
+
 Expired rows are ignored on read and purged every ``purge_interval_s`` by the
 next write (and by :meth:`SqliteStore.purge`). Token buckets live in their own
 table (their own key space, as in :class:`~bot.store.memory.MemoryStore`); a
@@ -29,6 +37,7 @@ absent.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import sqlite3
 import time
 from contextlib import asynccontextmanager
@@ -36,8 +45,11 @@ from pathlib import Path
 from typing import AsyncIterator
 
 import aiosqlite
+import structlog
 
 from bot.store.base import StoreError
+from bot.store.health import OK, PROBE_KEY, UNREACHABLE, UNWRITABLE
+from bot.store.shm_guard import ShmGuard, enable_faulthandler
 
 #: Bumped when the tables change; a file from a newer healthbot is refused.
 SCHEMA_VERSION = 1
@@ -54,6 +66,8 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS buckets (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
     " updated REAL NOT NULL, full_at REAL) WITHOUT ROWID",
 )
+
+log = structlog.get_logger("healthbot.store")
 
 _USE_REDIS = "for several processes on several machines use Redis (HEALTHBOT_STORE_URL=redis://host:6379/0)"
 
@@ -101,6 +115,7 @@ class SqliteStore:
         self.purge_interval_s = purge_interval_s
         self._lock = asyncio.Lock()
         self._next_purge_at = 0.0
+        self._guard = None if path == ":memory:" else ShmGuard(self.path)
 
     @classmethod
     async def open(cls, url: str, *, busy_timeout_s: float = 10.0,
@@ -118,6 +133,7 @@ class SqliteStore:
         """
         path = sqlite_path(url)
         memory = path == ":memory:"
+        enable_faulthandler()  # a fatal signal inside SQLite's C code leaves a traceback, not silence
         if not memory:
             parent = Path(path).absolute().parent
             try:
@@ -147,8 +163,14 @@ class SqliteStore:
     async def _init_schema(self, memory: bool) -> None:
         conn = self._conn
         assert conn is not None
+        problem = self._guard.check() if self._guard is not None else None
+        if problem is not None:  # a leftover -shm that would crash the process once mapped
+            raise StoreError(f"SQLite store {self.path}: not opened while {problem}")
         try:
             await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            # Read the database with read(), never through a memory map: a file shortened or made
+            # unreadable under a map faults (SIGBUS) instead of returning an error.
+            await conn.execute("PRAGMA mmap_size = 0")
             (mode,), = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
             if not memory and str(mode).lower() != "wal":
                 raise StoreError(
@@ -185,9 +207,22 @@ class SqliteStore:
         return StoreError(f"SQLite store {self.path}: {text}")
 
     def _open_conn(self) -> aiosqlite.Connection:
+        """The connection, once the ``-shm`` guard says it may be used now (call under the lock).
+
+        Raises:
+            StoreError: closed, or the ``-shm`` mapping cannot be touched safely.
+        """
         if self._conn is None:
             raise StoreError(f"SQLite store {self.path} is closed: open a new one with open_store(url)")
+        if self._guard is not None:
+            problem = self._guard.check()
+            if problem is not None:
+                raise StoreError(f"SQLite store {self.path}: not used while {problem}")
         return self._conn
+
+    def _used(self) -> None:
+        if self._guard is not None:
+            self._guard.note()
 
     @asynccontextmanager
     async def _transaction(self, purge: bool = True) -> AsyncIterator[tuple[aiosqlite.Connection, float]]:
@@ -213,6 +248,8 @@ class SqliteStore:
                     raise
             except sqlite3.Error as e:
                 raise self._error(e) from e
+            finally:
+                self._used()
 
     async def _read(self, sql: str, params: tuple) -> list:
         async with self._lock:
@@ -221,6 +258,8 @@ class SqliteStore:
                 return list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as e:
                 raise self._error(e) from e
+            finally:
+                self._used()
 
     @staticmethod
     async def _purge(conn: aiosqlite.Connection, now: float) -> int:
@@ -296,6 +335,8 @@ class SqliteStore:
                     return cur.rowcount == 1
             except sqlite3.Error as e:
                 raise self._error(e) from e
+            finally:
+                self._used()
 
     async def take_token(self, key: str, rate_per_s: float, burst: int) -> bool:
         """Token bucket: capacity ``burst`` tokens, refilled at ``rate_per_s`` tokens per second.
@@ -361,12 +402,62 @@ class SqliteStore:
         except StoreError:
             return False
 
+    async def health(self) -> str:
+        """For ``/readyz``: ``"ok"`` when a read and a small write (:data:`~bot.store.health.PROBE_KEY`,
+        expiring after a minute) succeed, ``"unwritable"`` when only the read does (disk full,
+        read-only database), ``"unreachable"`` otherwise (closed, broken, ``-shm`` unusable).
+        Never raises."""
+        try:
+            await self._read("SELECT 1", ())
+        except StoreError:
+            return UNREACHABLE
+        try:
+            await self.set(PROBE_KEY, repr(time.time()), ttl_s=60.0)
+        except StoreError:
+            return UNWRITABLE
+        return OK
+
     async def close(self) -> None:
-        """Close the connection and stop its worker thread; safe to call twice."""
+        """Close the connection and stop its worker thread; safe to call twice.
+
+        While the ``-shm`` file cannot be touched safely (see :mod:`bot.store.shm_guard`),
+        closing (which checkpoints through the mapping) would crash the process: the
+        connection is then abandoned instead, and the error logged.
+        """
         async with self._lock:
             conn, self._conn = self._conn, None
-            if conn is not None:
+            if conn is None:
+                return
+            problem = self._guard.check() if self._guard is not None else None
+            if problem is None:
                 await conn.close()
+                return
+        _abandon(conn)
+        log.error("store.close_skipped", path=self.path, reason=problem,
+                  hint="the SQLite connection was left open; the -wal file is replayed at the next start")
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
+
+
+def _abandon(conn: aiosqlite.Connection) -> None:
+    """Stop ``conn``'s worker thread without closing its SQLite connection, which is kept
+    alive for the life of the process (closing or finalizing it checkpoints through the
+    ``-shm`` mapping). Relies on aiosqlite's internals; if they changed, the thread is
+    left running (logged), which is still better than a crash."""
+    try:
+        from aiosqlite.core import _STOP_RUNNING_SENTINEL
+
+        raw = conn._connection  # noqa: SLF001
+        if raw is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(raw))  # never finalized, never closed
+        _ABANDONED.append(raw)
+        conn._connection = None  # noqa: SLF001
+        conn._running = False  # noqa: SLF001
+        conn._tx.put_nowait((None, lambda: _STOP_RUNNING_SENTINEL))  # noqa: SLF001
+    except Exception:  # noqa: BLE001
+        log.exception("store.abandon_failed")
+
+
+#: SQLite connections left open on purpose (:func:`_abandon`).
+_ABANDONED: list = []
