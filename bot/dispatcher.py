@@ -29,7 +29,7 @@ from bot.config import Config
 from bot.decision import decide
 from bot.dedup import OnceCache
 from bot.handoff import HandoffManager
-from bot.intents import (HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
+from bot.intents import (greeting_reply, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
                          drop_handoff_offer, intent_reply, is_abuse, is_end_handoff, rule_intent, unsupported_reply)
 from bot.knowledge import KnowledgeBase
 from bot.logs import ensure_request_id
@@ -368,7 +368,9 @@ class Dispatcher:
             return reply(body, Intent.REFER_DOCTOR), {**notes, "rule": scope.reason if scope and d.source == "rule" else "head"}
         if d.intent is Intent.NO_ANSWER and d.source == "rule" and referral is not None:
             return reply(referral[1], Intent.NO_ANSWER, handoff=True), {**notes, "rule": referral[0]}
-        if d.intent in (Intent.GREETING, Intent.OUT_OF_SCOPE):
+        if d.intent is Intent.GREETING:
+            return reply(greeting_reply(norm.text, lang), Intent.GREETING), notes
+        if d.intent is Intent.OUT_OF_SCOPE:
             return reply(intent_reply(d.intent, lang), d.intent), notes
         if d.intent is Intent.NO_ANSWER:
             session.no_answer_streak += 1

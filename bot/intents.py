@@ -206,6 +206,17 @@ def intent_reply(intent: Intent, lang: str) -> str:
     return zh if lang == "zh" else en
 
 
+_THANKS = re.compile(_DATA["thanks"]["pattern"])
+
+
+def greeting_reply(text: str, lang: str) -> str:
+    """The reply to a greeting: a warm short one for thanks, goodbyes and festive wishes
+    (bot/intent_rules.yaml ``thanks``), else the introduction (:func:`intent_reply`)."""
+    if _THANKS.search(text):
+        return _DATA["thanks"]["reply"]["zh" if lang == "zh" else "en"]
+    return intent_reply(Intent.GREETING, lang)
+
+
 def unsupported_reply(lang: str) -> str:
     """Reply to images, voice, stickers, video and other non-text messages, in ``lang``."""
     return _REPLY_TEXTS["unsupported"]["zh" if lang == "zh" else "en"]
