@@ -126,12 +126,9 @@ class Dispatcher:
         if inbound.channel not in RATE_LIMITED_CHANNELS:
             return True
         srv = self.cfg.server
-        try:
-            return await self.store.take_token(f"rate:{inbound.channel}:{inbound.user_id}",
-                                               srv.user_rate_per_minute / 60.0, srv.user_burst)
-        except StoreError as exc:  # no rate limit while the store is down
-            store_unavailable("rate_limit", exc)
-            return True
+        # No rate limit while the store is down.
+        return await self._without_store("rate_limit", self.store.take_token(
+            f"rate:{inbound.channel}:{inbound.user_id}", srv.user_rate_per_minute / 60.0, srv.user_burst), True)
 
     async def forget_user(self, channel: str, user_id: str) -> None:
         """Drop everything kept about a user: handoff, transcript, session (unsubscribe, /stop)."""
