@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bot.config import InferenceConfig
+from inference.config import InferenceConfig
 from inference.batcher import BusyError, DeadlineExceeded
 from inference.encoder import Encoder, apply_process_settings, batcher_for, require_prepared
 from inference.engines.base import EngineError

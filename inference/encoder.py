@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import structlog
 
-from bot.config import InferenceConfig
+from inference.config import InferenceConfig
 from inference.batcher import DynamicBatcher, combine_windows
 from inference.manager import ModelManager
 from inference.pool import InferencePool, device_label
@@ -168,7 +168,7 @@ async def open_encoder(cfg: InferenceConfig, engines_dir: Path) -> Encoder | Pro
 def apply_process_settings(cfg: InferenceConfig) -> None:
     """Process-wide settings for serving, applied once the model is loaded:
     ``gc.freeze()`` (``cfg.gc_freeze``) and the GIL switch interval
-    (``cfg.switch_interval_ms``; see :class:`bot.config.InferenceConfig`)."""
+    (``cfg.switch_interval_ms``; see :class:`inference.config.InferenceConfig`)."""
     if cfg.gc_freeze:
         gc.collect()
         gc.freeze()

@@ -72,7 +72,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import structlog
 
-from bot.config import InferenceConfig
+from inference.config import InferenceConfig
 from inference.engines.base import Engine
 from inference.framing import recv_frame, send_frame
 

@@ -49,7 +49,7 @@ import numpy as np
 import structlog
 
 from bot import metrics
-from bot.config import InferenceConfig
+from inference.config import InferenceConfig
 from inference.engines.base import Engine, EngineError
 from inference.pool import Device, InferencePool
 

@@ -62,7 +62,7 @@ import numpy as np
 import structlog
 
 from bot import metrics
-from bot.config import InferenceConfig
+from inference.config import InferenceConfig
 from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
 from inference.framing import frame, read_frame

@@ -15,7 +15,7 @@ The rules and replies are data, for clinicians to review without reading Python:
 
 This module loads and compiles them, judges each match in its context and builds
 the reply. Numbers: 120 (mainland China emergency medical service), 999 (Hong Kong,
-UK), 112 / 911 (EU / North America) from :class:`bot.config.SafetyConfig`; crisis
+UK), 112 / 911 (EU / North America) from :class:`safety.config.SafetyConfig`; crisis
 lines 12356 (China's 24-hour national psychological assistance hotline) and 988 (US
 Suicide & Crisis Lifeline), also from ``SafetyConfig``.
 
@@ -45,7 +45,7 @@ from typing import Literal
 
 import yaml
 
-from bot.config import SafetyConfig
+from safety.config import SafetyConfig
 from safety.normalize import normalize, to_user_script
 
 __all__ = ["TriageResult", "RedFlag", "RED_FLAGS", "load_red_flags", "triage", "match_red_flags", "emergency_reply",
