@@ -17,7 +17,7 @@ from adapters.console import setup_console
 from adapters.http import setup_http
 from adapters.wechat import setup_wechat
 from bot import metrics
-from bot.admission import ADMISSION_KEY, Admission, AdmissionLimits, GatedTCPSite, install, raise_fd_limit
+from bot.admission import ADMISSION_KEY, Admission, GatedTCPSite, install, raise_fd_limit
 from bot.config import Config
 from bot.handoff import HandoffManager
 from bot.logs import REQUEST_ID_HEADER, request_id_from_header
@@ -164,7 +164,7 @@ def create_app(cfg: Config) -> web.Application:
     app[CONFIG_KEY] = cfg
     # Admission control (bot/admission.py) before the channels: its middleware, and its wait
     # for the messages being answered as the first shutdown step.
-    admission = install(app, Admission(AdmissionLimits(), safety=cfg.safety))
+    admission = install(app, Admission(cfg.admission, safety=cfg.safety))
     state = app[STATE_KEY] = ServerState()
     handoff = app[HANDOFF_KEY] = HandoffManager()
     dispatcher = _LateDispatcher(admission)
@@ -221,7 +221,7 @@ async def start_server(app: web.Application, cfg: Config) -> tuple[web.AppRunner
     """
     timeout_s = cfg.server.shutdown_timeout_s
     admission = app.get(ADMISSION_KEY)
-    limits = admission.limits if admission is not None else AdmissionLimits()
+    limits = admission.limits if admission is not None else cfg.admission
     raise_fd_limit()
     # Handlers still running after the drain (long polls) get a third of the reserve
     # before aiohttp cancels them (bot/app.py shut_down).

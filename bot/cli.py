@@ -42,7 +42,7 @@ def _ensure_model(cfg: Config) -> None:
     if not (cfg.engines_path / "manifest.json").exists():
         print("engines/manifest.json missing: preparing the default model (healthbot prepare-model)...",
               file=sys.stderr)
-        from inference.prepare import prepare_model
+        from inference.model.prepare import prepare_model
         prepare_model(cfg.engines_path)
 
 
@@ -77,7 +77,7 @@ async def _telegram(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(cfg: Config, args: argparse.Namespace) -> int:
-    from inference.prepare import prepare_model
+    from inference.model.prepare import prepare_model
     path = prepare_model(cfg.engines_path, force=args.force)
     print(f"model ready: {path}")
     return 0
@@ -155,7 +155,7 @@ def cmd_bench(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_build_engine(cfg: Config, args: argparse.Namespace) -> int:
-    from inference.build_engine import run_cli
+    from inference.model.build_cli import run_cli
     args.engines_dir = args.engines_dir or cfg.engines_path
     return run_cli(args)
 
@@ -179,7 +179,7 @@ def cmd_config(cfg: Config, args: argparse.Namespace) -> int:
 
 
 async def _wechat(cfg: Config, args: argparse.Namespace) -> int:
-    from adapters.wechat_api import WechatApi, WechatApiError, load_menu
+    from adapters.wechat.api import WechatApi, WechatApiError, load_menu
     from bot.store import StoreError, open_store
     try:
         menu = load_menu(args.menu_file)
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="rebuild even if the manifest matches")
     s = sub.add_parser("build-engine", help="build the TensorRT engine for this GPU from engines/model.onnx, or "
                        "(--engine onnxruntime --precision int8) the ONNX Runtime INT8 variant")
-    from inference.build_engine import add_arguments
+    from inference.model.build_cli import add_arguments
     add_arguments(s)
     s = sub.add_parser("ask", help="ask one question")
     s.add_argument("question", nargs="?")

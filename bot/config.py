@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -121,6 +122,49 @@ class KnowledgeConfig:
 
 
 @dataclass
+class AdmissionConfig:
+    """Admission control (bot/admission/): who gets how much of this process; everything per process,
+    in memory. Rates are per minute, bursts the bucket's size; tokens are *estimated* encoder tokens
+    (:func:`bot.admission.estimate_tokens`).
+
+    ``max_question_tokens``: a longer question is read as its beginning and its end (half each),
+    and the reply says so. ``user_tokens_per_minute`` / ``user_token_burst``: each user's work
+    budget (WeChat, Telegram, HTTP); beyond it, a polite "please wait" without encoding.
+    ``address_per_minute`` / ``address_burst`` and ``address_tokens_per_minute`` /
+    ``address_token_burst``: requests and work per client address on ``POST /api/chat``
+    (beyond: 429 with ``Retry-After``). ``failure_per_minute`` / ``failure_burst``: 4xx answers an
+    address gets before each further one is held ``failure_delay_s`` seconds.
+    ``max_connections``: open connections in all (0 = the file-descriptor limit minus a reserve of
+    256); ``max_connections_per_address`` (0 = no cap per address). ``header_timeout_s`` /
+    ``body_timeout_s``: a request header (else the connection is closed) and body (else 408) must
+    arrive within this; ``keepalive_timeout_s``: aiohttp's idle time between requests.
+    ``trusted_proxies``: addresses or networks whose ``X-Forwarded-For`` is believed (a reverse
+    proxy in front; comma-separated in the environment).
+    """
+
+    #: 80 estimated tokens are at most about 60 real ones (Chinese, English; less with many
+    #: digits): the encoder's 64-token bucket, about twice a short question's cost (a window in
+    #: the 128 bucket cost 3-4 times as much, measured); 211 of 220 real public health
+    #: questions are shorter and pass unchanged.
+    max_question_tokens: int = 80
+    user_tokens_per_minute: float = 480.0
+    user_token_burst: float = 320.0
+    address_per_minute: float = 300.0
+    address_burst: float = 120.0
+    address_tokens_per_minute: float = 3000.0
+    address_token_burst: float = 2000.0
+    failure_per_minute: float = 60.0
+    failure_burst: float = 30.0
+    failure_delay_s: float = 1.0
+    max_connections: int = 0
+    max_connections_per_address: int = 256
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 75.0
+    trusted_proxies: tuple[str, ...] = ()
+
+
+@dataclass
 class Config:
     """The whole effective configuration."""
 
@@ -132,6 +176,7 @@ class Config:
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     decision: DecisionConfig = field(default_factory=DecisionConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     data_dir: str = "data"
     #: ``sqlite:///path.db`` (default: ``<data_dir>/healthbot.db``), ``redis://host:port/db`` or ``memory://``.
     store_url: str = ""
@@ -194,10 +239,9 @@ def _coerce(section: str, key: str, current: Any, value: Any) -> Any:
             return int(value)
         if isinstance(current, float):
             return float(value)
-        if isinstance(current, list):
-            if isinstance(value, str):
-                return [v.strip() for v in value.split(",") if v.strip()]
-            return list(value)
+        if isinstance(current, (list, tuple)):
+            items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else list(value)
+            return type(current)(items)
         return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"config key {name!r}: bad value {value!r} ({exc})") from None
@@ -239,6 +283,26 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"config key 'decision.{f.name}': must be a probability in [0, 1]")
     if cfg.decision.danger_net > cfg.decision.danger_full:
         raise ConfigError("config key 'decision.danger_net': must not exceed 'decision.danger_full'")
+    _validate_admission(cfg.admission)
+
+
+def _validate_admission(adm: AdmissionConfig) -> None:
+    for f in dataclasses.fields(adm):
+        value = getattr(adm, f.name)
+        if f.name == "trusted_proxies":
+            for entry in value:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ConfigError(f"config key 'admission.trusted_proxies': {entry!r} is not an address "
+                                      "or network") from None
+        elif f.name in ("max_connections", "max_connections_per_address", "failure_delay_s"):
+            if value < 0:
+                raise ConfigError(f"config key 'admission.{f.name}': must be >= 0")
+        elif value <= 0:
+            raise ConfigError(f"config key 'admission.{f.name}': must be > 0")
+    if adm.max_question_tokens < 16:
+        raise ConfigError("config key 'admission.max_question_tokens': must be >= 16 (a short question must fit)")
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from adapters.wechat_constants import PASSIVE_TEXT_MAX_BYTES
+from bot.reply_limits import PASSIVE_TEXT_MAX_BYTES
 from safety.disclaimer import with_disclaimer
 
 LANGS = ("zh", "en")

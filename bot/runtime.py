@@ -64,7 +64,7 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None, *,
     store = await open_store(cfg.effective_store_url)
     if handoff is not None:
         handoff.store = store
-    encoder = await open_encoder(cfg.inference, cfg.engines_path)
+    encoder = await open_encoder(cfg.inference, cfg.engines_path, log_setup="bot.logs:configure_logging")
     try:
         retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
                                           model_digest=model_digest(cfg) + encoder.variant)

@@ -32,7 +32,7 @@ class InferenceConfig:
     ``onnx_precision``: the ONNX Runtime model: ``fp32`` (``engines/model.onnx``),
     ``int8`` (``engines/model.int8.onnx``, built by ``healthbot build-engine
     --engine onnxruntime --precision int8``), or ``auto``: int8 when that file
-    is current and passed the accuracy check (inference/accuracy.py), else fp32.
+    is current and passed the accuracy check (inference/model/accuracy.py), else fp32.
 
     ``devices``: GPUs the pool places engines on, ``["all"]`` (every visible
     GPU) or indices (``HEALTHBOT_INFERENCE_DEVICES=0,1``); ignored by CPU engines.
@@ -51,7 +51,7 @@ class InferenceConfig:
     this process; N ≥ 1 starts N worker processes per device (per GPU of
     ``devices``; on the CPU, N in all), each with its own tokenizer, batcher and
     engines (``workers`` per process), and routes texts to them
-    (inference/process_pool.py). One Python process fed one H200 at 20-27k
+    (inference/multiproc/router.py). One Python process fed one H200 at 20-27k
     encodes/s; a process per GPU scales with the GPUs (docs/benchmarks.md).
 
     ``engine_server`` (default on): with ``device_processes`` ≥ 1 on GPUs, one
@@ -59,7 +59,7 @@ class InferenceConfig:
     on its own thread and CUDA stream; 1 measured best), and the worker processes
     (tokenizer, batcher, CPU fallback) send it their padded batches, which it
     merges into fewer, larger GPU batches, two on the GPU at a time
-    (inference/engine_server.py): one H200 served 66.9-67.4k encodes/s at
+    (inference/multiproc/engine_server.py): one H200 served 66.9-67.4k encodes/s at
     c = 256 with 4 worker processes in ``healthbot bench`` (ninth session, 54 % of the
     engine-only ceiling; 55.8k on a slower instance; 51.5-63.7k in the eighth, 45.8-62.9k in the seventh,
     45.7-57.5k in the sixth, 37.6-52.8k with 6), against 33-36k/s with each worker process running its

@@ -23,20 +23,20 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import structlog
 
+from inference.batching.batcher import DynamicBatcher
+from inference.batching.windows import combine_windows
 from inference.config import InferenceConfig
-from inference.batcher import DynamicBatcher, combine_windows
+from inference.devices import device_label
 from inference.manager import ModelManager
-from inference.pool import InferencePool, device_label
+from inference.model_files import require_prepared
+from inference.pool import InferencePool
 
-__all__ = ["Encoder", "batcher_for", "combine_windows", "open_encoder", "require_prepared", "MANIFEST_FILE"]
+__all__ = ["Encoder", "batcher_for", "combine_windows", "open_encoder", "require_prepared"]
 
 if TYPE_CHECKING:
-    from inference.process_pool import ProcessPoolEncoder
+    from inference.multiproc.router import ProcessPoolEncoder
 
 log = structlog.get_logger("healthbot.inference.encoder")
-
-#: Written last by ``healthbot prepare-model``: its presence means the model is ready.
-MANIFEST_FILE = "manifest.json"
 
 
 class WindowTokenizer(Protocol):
@@ -142,26 +142,20 @@ class Encoder:
         await self.pool.close()
 
 
-def require_prepared(engines_dir: Path) -> None:
-    """Raise FileNotFoundError (naming ``healthbot prepare-model``) unless ``engines_dir``
-    holds a prepared model (its :data:`MANIFEST_FILE`, written last)."""
-    if not (Path(engines_dir) / MANIFEST_FILE).is_file():
-        raise FileNotFoundError(f"{Path(engines_dir) / MANIFEST_FILE} missing: run 'healthbot prepare-model'")
-
-
-async def open_encoder(cfg: InferenceConfig, engines_dir: Path) -> Encoder | ProcessPoolEncoder:
+async def open_encoder(cfg: InferenceConfig, engines_dir: Path, *, log_setup: str = "") -> Encoder | ProcessPoolEncoder:
     """The encoder serving uses: :meth:`Encoder.create` in this process, or with
-    ``cfg.device_processes`` ≥ 1 a :class:`~inference.process_pool.ProcessPoolEncoder`
-    (worker processes per device). Both offer ``encode``, ``close``, ``engine_name``,
-    ``variant`` and ``dim``.
+    ``cfg.device_processes`` ≥ 1 a :class:`~inference.multiproc.router.ProcessPoolEncoder`
+    (worker processes per device, which set up their logging with ``log_setup``, a
+    ``"module:function(level)"``; see :func:`inference.multiproc.child.child_config`).
+    Both offer ``encode``, ``close``, ``engine_name``, ``variant`` and ``dim``.
 
     Raises:
         FileNotFoundError: the model is not prepared; EngineError: no engine could be loaded.
     """
     if cfg.device_processes:
-        from inference.process_pool import ProcessPoolEncoder
+        from inference.multiproc.router import ProcessPoolEncoder
 
-        return await ProcessPoolEncoder.create(cfg, engines_dir)
+        return await ProcessPoolEncoder.create(cfg, engines_dir, log_setup=log_setup)
     return await Encoder.create(cfg, engines_dir)
 
 

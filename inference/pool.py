@@ -28,7 +28,6 @@ Placement and routing (issue 9):
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,51 +36,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import structlog
 
-from bot import metrics
-from inference.engines.base import Engine, EngineError
+from inference import metrics
+from inference.batching.windows import pad_batch
+from inference.devices import Device, device_label
+from inference.engines.base import Engine, EngineError, engine_precision
 
 log = structlog.get_logger("healthbot.inference.pool")
 
 #: ``factory()`` for CPU engines, ``factory(device)`` for an engine on GPU ``device``.
 EngineFactory = Callable[..., Engine]
-
-Device = int | None
-
-
-def pad_batch(windows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad token windows to the longest one.
-
-    Args:
-        windows: N windows of token ids (each ``[bos] + content + [eos]``).
-        pad_id: the tokenizer's pad id (1 for XLM-R / multilingual-e5).
-
-    Returns:
-        ``(input_ids, attention_mask)``, both int64[N, T] with T the longest
-        window; the mask is 1 on real tokens, 0 on padding.
-    """
-    lens = np.fromiter(map(len, windows), dtype=np.int64, count=len(windows))
-    longest = int(lens.max())
-    real = np.arange(longest)[None, :] < lens[:, None]
-    mask = real.astype(np.int64)
-    ids = np.full((len(windows), longest), pad_id, dtype=np.int64)
-    # One copy of all ids (row-major order matches the boolean mask's), not one per row.
-    ids[real] = np.fromiter(itertools.chain.from_iterable(windows), dtype=np.int64, count=int(lens.sum()))
-    return ids, mask
-
-
-def engine_precision(engine: Any) -> str:
-    """``"int8"``, ``"fp16"``, ``"fp32"``, ...: the engine's ``precision`` attribute, or
-    its torch ``dtype`` (torch_cuda), or the TensorRT build spec's precision; ``"?"``."""
-    p = getattr(engine, "precision", None)
-    if p:
-        return str(p)
-    dtype = str(getattr(engine, "dtype", "")).replace("torch.", "")
-    names = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-    if dtype in names:
-        return names[dtype]
-    spec = getattr(engine, "spec", None)
-    return str(getattr(spec, "precision", "") or "?")
-
 
 @dataclass(eq=False)
 class _Worker:
@@ -133,7 +96,7 @@ class InferencePool:
     Attributes ``engine_name``, ``precision``, ``dim``, ``max_batch_size``,
     ``max_seq_len`` come from the engines; ``workers`` is the number of engines (all devices);
     ``devices`` the device list; ``batches_run`` and ``infer_ms_total`` (ms spent
-    inside the worker call) are for the bench. Prometheus (bot/metrics.py):
+    inside the worker call) are for the bench. Prometheus (inference/metrics.py):
     ``healthbot_inference_engine_seconds{engine}`` per batch, measured on the
     worker thread, and ``healthbot_inference_workers{engine}`` (unless
     ``record_workers`` is False: the model manager's stand-by CPU pool).
@@ -445,11 +408,6 @@ class InferencePool:
             return
         self._record_workers = on
         metrics.INFERENCE_WORKERS.labels(engine=self.engine_name).inc(self.workers if on else -self.workers)
-
-
-def device_label(device: Device) -> str:
-    """``"cpu"`` for the CPU (None), ``"cuda:N"`` for GPU N: how logs and metrics name a device."""
-    return "cpu" if device is None else f"cuda:{device}"
 
 
 async def _close_workers(workers: list[_Worker]) -> None:

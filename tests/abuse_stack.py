@@ -21,7 +21,7 @@ import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from adapters import telegram_constants as tc
+from adapters.telegram import constants as tc
 from adapters.console import handoff_ref, setup_console
 from adapters.http import setup_http
 from adapters.telegram import SendPolicy, TelegramAdapter, setup_telegram

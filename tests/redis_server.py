@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port
+
 #: How long a starting server may take to answer PING (seconds).
 START_TIMEOUT_S = 10.0
 INSTALL_HINT = "apt-get install -y redis-server"
@@ -60,12 +62,6 @@ def require_redis_server() -> str:
     pytest.skip(reason)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _answers_ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
@@ -73,6 +69,17 @@ def _answers_ping(port: int) -> bool:
             return s.recv(64).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def wait_for_ping(proc: subprocess.Popen, port: int, timeout_s: float = START_TIMEOUT_S) -> bool:
+    """True once the ``redis-server`` ``proc`` answers PING on 127.0.0.1:``port``; False when it
+    exits or ``timeout_s`` seconds pass first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _answers_ping(port):
+            return True
+        time.sleep(0.01)
+    return False
 
 
 class RedisServer:
@@ -112,18 +119,15 @@ class RedisServer:
         self._dir = tempfile.TemporaryDirectory(prefix="healthbot-redis-")
         log = Path(self._dir.name) / "redis.log"
         for _ in range(5):
-            self.port = self._want_port or _free_port()
+            self.port = self._want_port or free_port()
             self._proc = subprocess.Popen(
                 [self.binary, "--bind", self.host, "--port", str(self.port),
                  "--save", "", "--appendonly", "no", "--dir", self._dir.name,
                  "--logfile", str(log), "--daemonize", "no"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             )
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while time.monotonic() < deadline and self._proc.poll() is None:
-                if _answers_ping(self.port):
-                    return self
-                time.sleep(0.01)
+            if wait_for_ping(self._proc, self.port):
+                return self
             self._kill()
             if self._want_port:
                 break

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.accuracy import EVAL_TOLERANCE, MIN_COSINE, eval_check, eval_env, format_report, parity_check
+from inference.model.accuracy import EVAL_TOLERANCE, MIN_COSINE, eval_check, eval_env, format_report, parity_check
 
 PAD = 1
 
@@ -53,7 +53,7 @@ def test_parity_fails_a_variant_that_drifts_with_the_batch_contents():
 
 
 def _pad_each(windows):
-    from inference.pool import pad_batch
+    from inference.batching.windows import pad_batch
     return pad_batch(windows, PAD)
 
 

@@ -1,4 +1,4 @@
-"""Admission control (bot/admission.py, issue 21): long questions read as a bounded window with
+"""Admission control (bot/admission/, issue 21): long questions read as a bounded window with
 the user told, per-user and per-address work budgets, held 4xx answers for failing addresses,
 body and header timeouts, connection caps; and the junk and long-message load tests, short
 (the 60 s figures are printed by ``python -m bot.loadtest --abuse``, not asserted here).
@@ -19,10 +19,10 @@ from aiohttp import web
 
 from adapters.http import setup_http
 from adapters.wechat import setup_wechat
-from bot.admission import (ADMISSION_KEY, LONG_NOTE, WORK_NOTE, Admission, AdmissionLimits, Buckets, GatedTCPSite,
+from bot.admission import (ADMISSION_KEY, LONG_NOTE, WORK_NOTE, Admission, AdmissionConfig, Buckets, GatedTCPSite,
                            estimate_tokens, make_middleware, window_text)
-from bot.app import _LateDispatcher
-from bot.config import Config
+from bot.app import _LateDispatcher, create_app
+from bot.config import Config, ConfigError, load_config
 from bot.store import MemoryStore
 from bot.types import Inbound, Intent, MessageKind, Reply
 
@@ -72,7 +72,7 @@ def test_token_estimate_is_an_upper_bound_of_the_real_tokenizer_on_sample_questi
         assert len(tok.content_ids(text)) <= estimate_tokens(text) + 2, text[:30]
 
 
-BUDGET = AdmissionLimits().max_question_tokens
+BUDGET = AdmissionConfig().max_question_tokens
 
 
 @pytest.mark.parametrize("budget", [BUDGET, 160])
@@ -115,7 +115,7 @@ def test_buckets_refill_and_cap_at_the_burst():
 
 
 async def test_long_question_is_windowed_and_the_reply_says_so_in_the_users_script():
-    adm = Admission(AdmissionLimits(), safety=Config().safety)
+    adm = Admission(AdmissionConfig(), safety=Config().safety)
     real = CostDispatcher()
     late = _LateDispatcher(adm)
     late.target = real
@@ -130,7 +130,7 @@ async def test_long_question_is_windowed_and_the_reply_says_so_in_the_users_scri
 
 
 async def test_red_flags_in_a_long_message_are_never_cut_and_pass_an_empty_budget():
-    adm = Admission(AdmissionLimits(user_token_burst=BUDGET + 40, user_tokens_per_minute=1), safety=Config().safety)
+    adm = Admission(AdmissionConfig(user_token_burst=BUDGET + 40, user_tokens_per_minute=1), safety=Config().safety)
     real = CostDispatcher()
     late = _LateDispatcher(adm)
     late.target = real
@@ -144,7 +144,7 @@ async def test_red_flags_in_a_long_message_are_never_cut_and_pass_an_empty_budge
 
 
 async def test_a_user_sending_long_texts_gets_a_few_then_a_polite_wait_and_retries_pass_free():
-    adm = Admission(AdmissionLimits(user_tokens_per_minute=600, user_token_burst=3 * BUDGET), safety=Config().safety)
+    adm = Admission(AdmissionConfig(user_tokens_per_minute=600, user_token_burst=3 * BUDGET), safety=Config().safety)
     real = CostDispatcher()
     late = _LateDispatcher(adm)
     late.target = real
@@ -158,8 +158,34 @@ async def test_a_user_sending_long_texts_gets_a_few_then_a_polite_wait_and_retri
     assert adm.stats["work_refused"] == 2
 
 
+async def test_the_admission_section_of_the_config_sets_the_limits(tmp_path):
+    """``[admission]`` in the TOML file, and ``HEALTHBOT_ADMISSION_<KEY>`` over it, reach the app's
+    admission control: a lower per-user budget refuses sooner, a lower question budget windows
+    shorter; bad values stop the start naming the key."""
+    toml = tmp_path / "healthbot.toml"
+    toml.write_text("[admission]\nuser_token_burst = 160.0\nuser_tokens_per_minute = 1\nmax_question_tokens = 40\n",
+                    encoding="utf-8")
+    cfg = load_config(toml, env={"HEALTHBOT_ADMISSION_USER_TOKEN_BURST": "80"})
+    assert (cfg.admission.user_token_burst, cfg.admission.max_question_tokens) == (80.0, 40)
+    assert create_app(cfg)[ADMISSION_KEY].limits is cfg.admission  # the composition root passes it in
+    for limits, refused in ((cfg.admission, [False, False, True]), (AdmissionConfig(), [False, False, False])):
+        real = CostDispatcher()
+        late = _LateDispatcher(Admission(limits, safety=cfg.safety))
+        late.target = real
+        replies = [await late.handle(_inbound(LONG, msg=f"m{i}")) for i in range(3)]
+        assert [r.text == WORK_NOTE["zh"] for r in replies] == refused
+        assert estimate_tokens(real.texts[0]) <= limits.max_question_tokens
+    assert estimate_tokens(real.texts[0]) > 40  # the default window is wider
+    with pytest.raises(ConfigError, match="admission.user_token_burst"):
+        load_config(env={"HEALTHBOT_ADMISSION_USER_TOKEN_BURST": "0"})
+    with pytest.raises(ConfigError, match="admission.trusted_proxies"):
+        load_config(env={"HEALTHBOT_ADMISSION_TRUSTED_PROXIES": "10.0.0.0/8,not-an-address"})
+    proxies = load_config(env={"HEALTHBOT_ADMISSION_TRUSTED_PROXIES": "10.0.0.0/8, 127.0.0.1"}).admission
+    assert proxies.trusted_proxies == ("10.0.0.0/8", "127.0.0.1")
+
+
 async def test_a_user_whom_a_person_is_helping_is_relayed_whole():
-    adm = Admission(AdmissionLimits(), safety=Config().safety)
+    adm = Admission(AdmissionConfig(), safety=Config().safety)
     real = CostDispatcher()
 
     class Handoff:
@@ -196,7 +222,7 @@ async def _server(admission: Admission, dispatcher: Any = None, wechat: bool = F
 
 
 async def test_http_api_limits_requests_and_text_per_address_with_retry_after():
-    adm = Admission(AdmissionLimits(address_per_minute=60, address_burst=5, address_tokens_per_minute=60,
+    adm = Admission(AdmissionConfig(address_per_minute=60, address_burst=5, address_tokens_per_minute=60,
                                     address_token_burst=2.5 * BUDGET, failure_burst=100))
     runner, url = await _server(adm)
     try:
@@ -221,7 +247,7 @@ async def test_http_api_limits_requests_and_text_per_address_with_retry_after():
 
 
 async def test_failing_addresses_have_their_4xx_held_while_good_requests_are_not():
-    adm = Admission(AdmissionLimits(failure_burst=3, failure_per_minute=6, failure_delay_s=0.4))
+    adm = Admission(AdmissionConfig(failure_burst=3, failure_per_minute=6, failure_delay_s=0.4))
     runner, url = await _server(adm, wechat=True)
     signer = wx.WechatSigner(token="tok")
     try:
@@ -248,7 +274,7 @@ async def test_failing_addresses_have_their_4xx_held_while_good_requests_are_not
 
 
 async def test_slow_bodies_get_408_and_an_oversized_declared_body_413_before_it_is_read():
-    adm = Admission(AdmissionLimits(body_timeout_s=0.3))
+    adm = Admission(AdmissionConfig(body_timeout_s=0.3))
     runner, url = await _server(adm, max_body_bytes=1000)
     port = int(url.rsplit(":", 1)[1])
     try:
@@ -279,7 +305,7 @@ async def _closed(reader: asyncio.StreamReader) -> bool:
 
 
 async def test_connections_are_capped_per_address_and_idle_ones_closed_at_the_header_timeout():
-    adm = Admission(AdmissionLimits(max_connections_per_address=3, header_timeout_s=0.4))
+    adm = Admission(AdmissionConfig(max_connections_per_address=3, header_timeout_s=0.4))
     runner, url = await _server(adm)
     port = int(url.rsplit(":", 1)[1])
     try:
@@ -304,7 +330,7 @@ async def test_connections_are_capped_per_address_and_idle_ones_closed_at_the_he
 
 
 async def test_http_question_unanswered_at_the_drain_deadline_gets_503_with_its_ids():
-    adm = Admission(AdmissionLimits())
+    adm = Admission(AdmissionConfig())
     runner, url = await _server(adm, CostDispatcher(ms_per_token=200.0))
     try:
         async with aiohttp.ClientSession() as http:
@@ -335,7 +361,7 @@ async def test_good_users_keep_their_answers_under_junk_and_long_messages(kind):
 
     cfg = Config()
     cfg.wechat.token, cfg.wechat.appid = "tok", "wx0123456789abcdef"
-    adm = Admission(AdmissionLimits(), safety=cfg.safety)
+    adm = Admission(AdmissionConfig(), safety=cfg.safety)
     core = asyncio.Semaphore(1)
 
     class OneCore(CostDispatcher):

@@ -404,7 +404,7 @@ async def test_a_full_younger_bucket_goes_before_an_older_one_still_in_its_delay
 def test_observe_many_matches_one_observe_per_value():
     from prometheus_client import CollectorRegistry, Histogram
 
-    from inference.batcher import observe_many
+    from inference.metrics import observe_many
 
     reg = CollectorRegistry()
     a = Histogram("a_seconds", "a", buckets=(0.001, 0.01, 0.1), registry=reg)

@@ -44,9 +44,9 @@ def test_engine_spec_parsing():
 @pytest.mark.model
 @needs_model
 async def test_bench_runs_every_concurrency_batched_and_not_and_the_ceiling(monkeypatch, tmp_path):
-    from inference import manager
+    from inference.engines import loader
 
-    monkeypatch.setitem(manager._LOADERS, "onnxruntime", lambda cfg, d, device=None: InstantEngine())
+    monkeypatch.setitem(loader.LOADERS, "onnxruntime", lambda cfg, d, device=None: InstantEngine())
     result = await bench.run_bench(InferenceConfig(max_queue_delay_ms=0), ENGINES_DIR, concurrencies=(1, 8),
                                    run_seconds=0.2, ceiling_seconds=0.1, engines=["onnxruntime:int8"])
     runs = result["runs"]

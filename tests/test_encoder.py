@@ -100,7 +100,7 @@ async def test_encoder_combines_a_long_texts_windows():
 
 
 def _pad(windows):
-    from inference.pool import pad_batch
+    from inference.batching.windows import pad_batch
     return pad_batch(windows, CharTokenizer.pad_id)
 
 

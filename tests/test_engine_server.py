@@ -1,4 +1,4 @@
-"""Engine server (inference/engine_server.py) and its client engine (inference/engines/remote.py).
+"""Engine server (inference/multiproc/engine_server.py) and its client engine (inference/engines/remote.py).
 
 The server loop runs over the real ONNX model on real Unix sockets, first on a
 thread of this process, then as the process pool starts it (real processes, a
@@ -21,11 +21,12 @@ import pytest
 from bot.config import Config, ConfigError, InferenceConfig, load_config
 from inference.batcher import DeadlineExceeded
 from inference.encoder import Encoder
-from inference.engine_server import EngineServer, merge, merge_plan
+from inference.batching.merge import merge, merge_plan
+from inference.multiproc.engine_server import EngineServer
 from inference.engines.base import EngineError
 from inference.engines.remote import RemoteEngine
-from inference.pool import pad_batch
-from inference.process_pool import ProcessPoolEncoder
+from inference.batching.windows import pad_batch
+from inference.multiproc.router import ProcessPoolEncoder
 from inference.tokenizer import E5Tokenizer
 from tests.worker_doubles import GpuEngineDouble
 

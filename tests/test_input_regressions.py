@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from adapters import wechat as wechat_mod
+from adapters.wechat import webhook as wechat_webhook
 from adapters.wechat import PENDING_KEY, setup_wechat
 from bot.config import Config
 from bot.store import MemoryStore
@@ -101,8 +101,8 @@ async def test_a_huge_timestamp_is_403_not_an_overflow(stacks, watch, mode):
 async def test_an_unauthenticated_deep_envelope_is_refused_before_any_xml_parser_runs(stacks, watch, monkeypatch):
     stack = await stacks("safe")
     parsed: list[int] = []
-    real_parse = wechat_mod.parse_xml
-    monkeypatch.setattr(wechat_mod, "parse_xml", lambda text: parsed.append(len(text)) or real_parse(text))
+    real_parse = wechat_webhook.parse_xml
+    monkeypatch.setattr(wechat_webhook, "parse_xml", lambda text: parsed.append(len(text)) or real_parse(text))
     ts, nonce = str(int(time.time())), "42"
     enc = wx.encrypt(stack.signer.aes_key, ab.APPID, wx.text_xml("hi"))
     envelope = deep(8000, f"<Encrypt><![CDATA[{enc}]]></Encrypt>")  # about 60 KB, under the 64 KiB limit

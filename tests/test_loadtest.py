@@ -1,4 +1,4 @@
-"""bot/loadtest.py against small servers on loopback (the real-model run is in docs/loadtest.md)."""
+"""bot/loadtest/ against small servers on loopback (the real-model run is in docs/loadtest.md)."""
 
 from __future__ import annotations
 

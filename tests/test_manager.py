@@ -15,7 +15,8 @@ from bot.config import ConfigError, InferenceConfig
 from inference.batcher import DynamicBatcher
 from inference.encoder import Encoder
 from inference.engines.base import EngineError
-from inference.manager import CLOSED, OPEN, ModelManager, onnx_model_for
+from inference.engines.loader import onnx_model_for
+from inference.manager import CLOSED, OPEN, ModelManager
 from inference.pool import InferencePool
 
 PAD = 1

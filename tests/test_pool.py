@@ -118,7 +118,7 @@ async def test_engine_creation_failure_is_an_engine_error_naming_the_cause():
 
 def test_unknown_engine_name_is_a_clear_error_before_loading_anything(tmp_path):
     from bot.config import InferenceConfig
-    from inference.manager import load_engine_factory
+    from inference.engines.loader import load_engine_factory
 
     with pytest.raises(EngineError, match=r"unknown engine\(s\) \['onnx'\].*choose from"):
         load_engine_factory(InferenceConfig(engine_order=["onnx"]), tmp_path)
@@ -126,7 +126,7 @@ def test_unknown_engine_name_is_a_clear_error_before_loading_anything(tmp_path):
 
 def test_no_loadable_engine_lists_why_each_was_skipped(tmp_path):
     from bot.config import InferenceConfig
-    from inference.manager import load_engine_factory
+    from inference.engines.loader import load_engine_factory
 
     with pytest.raises(EngineError) as err:
         load_engine_factory(InferenceConfig(engine_order=["tensorrt", "onnxruntime"]), tmp_path)
@@ -290,7 +290,7 @@ async def test_close_waits_for_admitted_batches():
 
 
 def test_resolve_devices_places_gpu_engines_only():
-    from inference.manager import resolve_devices
+    from inference.devices import resolve_devices
 
     assert resolve_devices(["all"], "onnxruntime", count=lambda: 4) == [None]
     assert resolve_devices(["all"], "torch_cuda", count=lambda: 3) == [0, 1, 2]

@@ -1,4 +1,4 @@
-"""Worker processes per device (inference/process_pool.py): real processes, real sockets.
+"""Worker processes per device (inference/multiproc/router.py): real processes, real sockets.
 
 Routing, errors, restarts and shutdown run against a test double of the encoder
 (tests/worker_doubles.py) in real worker processes; vectors and serving run the
@@ -20,7 +20,7 @@ from bot.config import Config, ConfigError, InferenceConfig, load_config
 from inference.batcher import BatcherClosed, BusyError, DeadlineExceeded
 from inference.encoder import Encoder, open_encoder
 from inference.engines.base import EngineError
-from inference.process_pool import ProcessPoolEncoder, plan_devices
+from inference.multiproc.router import ProcessPoolEncoder, plan_devices
 from tests.conftest import restored_logging
 
 ENGINES_DIR = Config().engines_path
@@ -145,9 +145,9 @@ async def test_readyz_is_503_while_no_worker_process_runs(doubles_on_path, monke
     from types import SimpleNamespace
 
     from bot.app import ServerState, readiness
-    from inference import process_pool
+    from inference.multiproc import supervision as process_supervision
 
-    monkeypatch.setattr(process_pool, "RESTART_S", 30.0)  # stays down for the whole test
+    monkeypatch.setattr(process_supervision, "RESTART_S", 30.0)  # stays down for the whole test
     enc = await start_double(1)
     try:
         dispatcher = SimpleNamespace(retriever=SimpleNamespace(encoder=enc), kb=[1, 2])
@@ -253,9 +253,9 @@ async def test_server_metrics_show_each_workers_own_metrics(monkeypatch):
     import re
 
     from bot import metrics
-    from inference import process_pool
+    from inference.multiproc import supervision as process_supervision
 
-    monkeypatch.setattr(process_pool, "METRICS_POLL_S", 0.1)
+    monkeypatch.setattr(process_supervision, "METRICS_POLL_S", 0.1)
     enc = await ProcessPoolEncoder.create(cpu_cfg(2), ENGINES_DIR)
     try:
         await asyncio.gather(*(enc.encode([f"第{i}个问题：失眠怎么办"]) for i in range(40)))

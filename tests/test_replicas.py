@@ -22,14 +22,9 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 import uuid
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -37,6 +32,7 @@ import pytest
 from tests.conftest import requires_model
 from tests.fake_wechat_api import SEND, TOKEN as TOKEN_PATH, FakeWechatApi
 from tests.redis_server import redis_server  # noqa: F401  (pytest fixture)
+from tests.servers import ServeProcess
 from tests.wechat_client import WechatSigner, parse_reply, text_xml
 
 pytestmark = [pytest.mark.model, requires_model]
@@ -47,12 +43,6 @@ APPSECRET = "app-secret-for-tests"
 CONSOLE_TOKEN = "console-token-for-replica-tests"
 REDIS_DB = 2  # 0 and 1 belong to the store suite
 START_TIMEOUT_S = 180.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ThreadedFakeWechat:
@@ -71,43 +61,6 @@ class ThreadedFakeWechat:
         asyncio.run_coroutine_threadsafe(self.api.close(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
-
-
-class Replica:
-    """One ``healthbot serve`` process; ``base`` is its URL, ``log`` its stderr file."""
-
-    def __init__(self, name: str, env: dict[str, str], log: Path) -> None:
-        self.name = name
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--port", str(self.port)],
-                                         env=env, stdout=subprocess.DEVNULL, stderr=out)
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"replica {self.name} exited: {self.log.read_text(errors='replace')[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.base + "/readyz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"replica {self.name} not ready within {timeout_s:.0f} s")
-            time.sleep(0.3)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +82,7 @@ def replicas(redis_server, fake_wechat, tmp_path_factory):  # noqa: F811
     import redis
     redis.Redis(host=redis_server.host, port=redis_server.port, db=REDIS_DB).flushdb()
     store_url = redis_server.url_for_db(REDIS_DB)
-    started: list[Replica] = []
+    started: list[ServeProcess] = []
     try:
         for name in ("a", "b"):
             env = {**os.environ,
@@ -142,7 +95,7 @@ def replicas(redis_server, fake_wechat, tmp_path_factory):  # noqa: F811
                    "HEALTHBOT_WECHAT_API_BASE": fake_wechat.url,
                    "HEALTHBOT_CONSOLE_TOKEN": CONSOLE_TOKEN,
                    "HEALTHBOT_KNOWLEDGE_RELOAD_INTERVAL_S": "0"}
-            replica = Replica(name, env, tmp_path_factory.mktemp(f"log-{name}") / "serve.log")
+            replica = ServeProcess(env, tmp_path_factory.mktemp(f"log-{name}") / "serve.log", name=f"replica {name}")
             started.append(replica)
             replica.wait_ready(START_TIMEOUT_S)
         yield started
@@ -290,7 +243,7 @@ async def test_access_token_is_fetched_once_for_both_replicas(replicas, http, fa
     """Both replicas need a token at the same moment (a service account's handoff text
     goes out through /cgi-bin/message/custom/send): one fetch serves both."""
     import redis
-    from adapters.wechat_api import TOKEN_KEY
+    from adapters.wechat.api import TOKEN_KEY
     api = fake_wechat.api
     assert api.calls[TOKEN_PATH] <= 1, api.calls  # the earlier tests' messages shared one token
     before = api.calls[TOKEN_PATH]

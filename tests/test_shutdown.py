@@ -29,7 +29,7 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from adapters.wechat import PENDING_KEY, UNFINISHED_KEY, WECHAT_ADAPTER, setup_wechat
-from bot.admission import Admission, AdmissionLimits, install
+from bot.admission import Admission, AdmissionConfig, install
 from bot.app import _LateDispatcher, shut_down, start_server
 from bot.config import REPO_ROOT, load_config
 from bot.store import open_store
@@ -82,7 +82,7 @@ def _cfg(data: Path, **wechat: Any):
 
 async def _start(cfg, dispatcher) -> tuple[web.Application, web.AppRunner, str]:
     app = web.Application(client_max_size=cfg.server.max_body_bytes)
-    admission = install(app, Admission(AdmissionLimits(), safety=cfg.safety))
+    admission = install(app, Admission(AdmissionConfig(), safety=cfg.safety))
     late = _LateDispatcher(admission)
     late.target = dispatcher
     setup_wechat(app, cfg, late)  # its own store: SQLite under the data directory
@@ -207,7 +207,7 @@ async def test_sigterm_with_50_long_questions_in_flight_loses_none(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         # Five clients (loopback addresses) of ten questions each: one address alone may send
-        # about 30 long questions at once (bot/admission.py, address_token_burst).
+        # about 30 long questions at once (bot/admission/, address_token_burst).
         clients = [aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
                                          connector=aiohttp.TCPConnector(limit=0, local_addr=(f"127.0.0.{k + 1}", 0)))
                    for k in range(5)]

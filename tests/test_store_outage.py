@@ -29,13 +29,11 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,7 +53,8 @@ from bot.store.health import LocalCache, check_store, store_unavailable
 from bot.store.sqlite import SqliteStore
 from bot.types import Inbound, Intent, MessageKind
 from tests.conftest import requires_model
-from tests.redis_server import require_redis_server
+from tests.redis_server import require_redis_server, wait_for_ping
+from tests.servers import ServeProcess, free_port
 from tests.wechat_client import WechatSigner, parse_reply, text_xml
 
 # ---------------------------------------------------------------- helpers
@@ -63,12 +62,6 @@ from tests.wechat_client import WechatSigner, parse_reply, text_xml
 
 def _root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -168,7 +161,7 @@ class RedisProcess:
         self.binary = require_redis_server()
         self.folder = folder
         self.appendonly = appendonly
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen | None = None
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -182,18 +175,8 @@ class RedisProcess:
              "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
              "--dir", str(self.folder), "--logfile", str(self.folder / "redis.log"), "--daemonize", "no"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
+        if wait_for_ping(self.proc, self.port, timeout_s=10):
+            return self
         log = (self.folder / "redis.log").read_text(errors="replace")[-2000:]
         self.kill()
         raise RuntimeError(f"redis-server did not start on port {self.port}: {log}")
@@ -621,40 +604,16 @@ QUESTIONS = ["手脚冰凉怎么办", "失眠怎么调理", "how much water shou
              "便秘怎么办", "感冒了怎么办", "每天应该走多少步"]
 
 
-class Server:
-    """One ``healthbot serve`` process; ``base`` is its URL, ``log`` its stderr."""
+class Server(ServeProcess):
+    """One ``healthbot serve`` process with this module's secrets; ``base`` is its URL, ``log`` its stderr."""
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        full = {**os.environ, "HEALTHBOT_WECHAT_TOKEN": WECHAT_TOKEN, "HEALTHBOT_WECHAT_APPID": APPID,
-                "HEALTHBOT_CONSOLE_TOKEN": CONSOLE_TOKEN, "HEALTHBOT_KNOWLEDGE_RELOAD_INTERVAL_S": "0", **env}
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--port", str(self.port)],
-                                         env=full, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=out)
+        super().__init__({**os.environ, "HEALTHBOT_WECHAT_TOKEN": WECHAT_TOKEN, "HEALTHBOT_WECHAT_APPID": APPID,
+                          "HEALTHBOT_CONSOLE_TOKEN": CONSOLE_TOKEN, "HEALTHBOT_KNOWLEDGE_RELOAD_INTERVAL_S": "0",
+                          **env}, log)
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            assert self.proc.poll() is None, f"server exited: {self.log.read_text(errors='replace')[-3000:]}"
-            try:
-                with urllib.request.urlopen(self.base + "/readyz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"not ready in {timeout_s:.0f} s: {self.log.read_text()[-3000:]}"
-            time.sleep(0.3)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        super().wait_ready(timeout_s)
 
 
 class Traffic:

@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from telegram.error import RetryAfter
 
-from adapters import telegram_constants as tc
+from adapters.telegram import constants as tc
 from adapters.telegram import (SendPolicy, TelegramAdapter, parse_update, redact, render_html,
                                retry_after_seconds, setup_telegram, split_text, use_polling, utf16_len,
                                webhook_admin)

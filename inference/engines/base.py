@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class Engine(Protocol):
     batch without waiting and ``finish()`` returns its float32[B, D]; up to
     ``launch_slots`` batches may be launched and unfinished, ``finish`` may run on
     another thread. The engine server uses it to keep the next batch queued on the
-    GPU (inference/engine_server.py); an engine without it is run with :meth:`infer`.
+    GPU (inference/multiproc/engine_server.py); an engine without it is run with :meth:`infer`.
 
     Attributes:
         name: short engine name, e.g. ``"onnxruntime"``, ``"tensorrt"``.
@@ -73,3 +73,17 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release the engine's resources (sessions, streams, buffers)."""
         ...
+
+
+def engine_precision(engine: Any) -> str:
+    """``"int8"``, ``"fp16"``, ``"fp32"``, ...: the engine's ``precision`` attribute, or
+    its torch ``dtype`` (torch_cuda), or the TensorRT build spec's precision; ``"?"``."""
+    p = getattr(engine, "precision", None)
+    if p:
+        return str(p)
+    dtype = str(getattr(engine, "dtype", "")).replace("torch.", "")
+    names = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+    if dtype in names:
+        return names[dtype]
+    spec = getattr(engine, "spec", None)
+    return str(getattr(spec, "precision", "") or "?")

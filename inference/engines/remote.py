@@ -1,5 +1,5 @@
 """Remote engine: the :class:`~inference.engines.base.Engine` protocol over a Unix
-socket to this GPU's engine server (inference/engine_server.py, issue 6).
+socket to this GPU's engine server (inference/multiproc/engine_server.py, issue 6).
 
 A worker process started with an engine server (``inference.engine_server``)
 loads this in place of its GPU engine: its tokenizer, dynamic batcher, pool and
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from inference.engines.base import EngineError, check_batch
-from inference.framing import frame, read_frame, recv_frame, send_frame
+from inference.multiproc.framing import frame, read_frame, recv_frame, send_frame
 
 
 class RemoteEngine:

@@ -1,0 +1,143 @@
+"""The SQLite connection under :class:`~bot.store.sqlite.SqliteStore`: its URL, opening the file,
+the pragmas that keep it safe to share and free of memory maps, the schema, the error messages
+a user can act on, and abandoning a connection that cannot be closed safely.
+
+Pragmas (https://www.sqlite.org/pragma.html): ``busy_timeout`` (a write waits that long for
+another process's write lock), ``mmap_size = 0`` (the database is read with read(), never
+through a memory map: a file shortened or made unreadable under a map faults with SIGBUS
+instead of returning an error), ``journal_mode = WAL`` (https://www.sqlite.org/wal.html;
+refused on network filesystems) and ``synchronous = NORMAL``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sqlite3
+from pathlib import Path
+
+import aiosqlite
+import structlog
+
+from bot.store.base import StoreError
+
+log = structlog.get_logger("healthbot.store")
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "abandon", "configure", "connect", "describe_error", "sqlite_path"]
+
+#: Bumped when the tables change; a file from a newer healthbot is refused.
+SCHEMA_VERSION = 1
+
+SCHEMA = (
+    # value NULL: the key holds a list, whose items are rows of ``items``.
+    # expires: Unix time in seconds; NULL = no expiry.
+    "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT, expires REAL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS kv_expires ON kv(expires) WHERE expires IS NOT NULL",
+    # id: insertion order (always max(id)+1, so oldest first within a key).
+    "CREATE TABLE IF NOT EXISTS items (id INTEGER PRIMARY KEY, key TEXT NOT NULL, value TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS items_key ON items(key, id)",
+    # updated: Unix time (s) of the last take; full_at: when it is full again (NULL: never, rate 0).
+    "CREATE TABLE IF NOT EXISTS buckets (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
+    " updated REAL NOT NULL, full_at REAL) WITHOUT ROWID",
+)
+
+USE_REDIS = "for several processes on several machines use Redis (HEALTHBOT_STORE_URL=redis://host:6379/0)"
+
+
+def sqlite_path(url: str) -> str:
+    """The file path in a ``sqlite:///…`` URL (``":memory:"`` for ``sqlite:///:memory:``).
+
+    Raises:
+        StoreError: not a ``sqlite:///`` URL, a host is given, or the path is empty.
+    """
+    if not url.startswith("sqlite://"):
+        raise StoreError(f"not a SQLite URL: {url!r}: use sqlite:///relative.db or sqlite:////absolute/path.db")
+    rest = url[len("sqlite://"):]
+    if not rest.startswith("/") or len(rest) == 1 or "?" in rest:
+        raise StoreError(
+            f"bad SQLite URL {url!r}: use sqlite:///relative/path.db (from the working directory) "
+            "or sqlite:////absolute/path.db, with no host and no query"
+        )
+    return rest[1:]
+
+
+async def connect(path: str, busy_timeout_s: float) -> aiosqlite.Connection:
+    """An autocommit connection to ``path`` (its parent folders created), or to a private
+    in-memory database for ``":memory:"``.
+
+    Raises:
+        StoreError: the folder cannot be created or the file cannot be opened.
+    """
+    if path != ":memory:":
+        parent = Path(path).absolute().parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(
+                f"cannot create the folder {parent} for the SQLite store: {e.strerror or e}: "
+                "point HEALTHBOT_STORE_URL=sqlite:////absolute/path.db at a writable folder "
+                "(or set HEALTHBOT_DATA_DIR)"
+            ) from e
+    try:
+        return await aiosqlite.connect(path, timeout=busy_timeout_s, isolation_level=None)
+    except sqlite3.Error as e:
+        raise StoreError(
+            f"cannot open the SQLite store {Path(path).absolute()}: {e}: "
+            "point HEALTHBOT_STORE_URL=sqlite:////absolute/path.db at a writable file"
+        ) from e
+
+
+async def configure(conn: aiosqlite.Connection, path: str, busy_timeout_s: float, memory: bool) -> None:
+    """Set the pragmas of the module docstring on ``conn``.
+
+    Raises:
+        StoreError: WAL journal mode refused (e.g. a network filesystem).
+        sqlite3.Error: any other SQLite error (the caller describes it with :func:`describe_error`).
+    """
+    await conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+    await conn.execute("PRAGMA mmap_size = 0")
+    (mode,), = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
+    if not memory and str(mode).lower() != "wal":
+        raise StoreError(
+            f"SQLite store {path}: WAL journal mode refused (got {mode!r}); keep the file "
+            f"on a local disk, not a network filesystem; {USE_REDIS}"
+        )
+    await conn.execute("PRAGMA synchronous = NORMAL")
+
+
+def describe_error(e: BaseException, path: str, busy_timeout_s: float) -> StoreError:
+    """A :class:`StoreError` for the SQLite error ``e`` on ``path``, saying what to do about it."""
+    text = str(e)
+    if "locked" in text or "busy" in text:
+        return StoreError(
+            f"SQLite store {path}: still locked after {busy_timeout_s:g} s by another "
+            f"process: look for a stuck healthbot process; {USE_REDIS}"
+        )
+    if "not a database" in text or "malformed" in text:
+        return StoreError(
+            f"{path} is not a usable SQLite database ({text}): move it away or point "
+            "HEALTHBOT_STORE_URL=sqlite:////absolute/path.db at another file"
+        )
+    return StoreError(f"SQLite store {path}: {text}")
+
+
+#: SQLite connections left open on purpose (:func:`abandon`).
+ABANDONED: list = []
+
+
+def abandon(conn: aiosqlite.Connection) -> None:
+    """Stop ``conn``'s worker thread without closing its SQLite connection, which is kept
+    alive for the life of the process (closing or finalizing it checkpoints through the
+    ``-shm`` mapping). Relies on aiosqlite's internals; if they changed, the thread is
+    left running (logged), which is still better than a crash."""
+    try:
+        from aiosqlite.core import _STOP_RUNNING_SENTINEL
+
+        raw = conn._connection  # noqa: SLF001
+        if raw is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(raw))  # never finalized, never closed
+        ABANDONED.append(raw)
+        conn._connection = None  # noqa: SLF001
+        conn._running = False  # noqa: SLF001
+        conn._tx.put_nowait((None, lambda: _STOP_RUNNING_SENTINEL))  # noqa: SLF001
+    except Exception:  # noqa: BLE001
+        log.exception("store.abandon_failed")
