@@ -215,6 +215,19 @@ async def test_stale_timestamp_is_403(serve, signer):
     assert dispatcher.calls == []
 
 
+async def test_a_nonce_reused_with_another_body_is_refused_and_a_redelivery_is_not(serve, signer):
+    dispatcher = CachingDispatcher()
+    client = await serve(dispatcher)
+    path, first = signer.plain_post(wx.text_xml("失眠怎么办", msg_id=70001), nonce="555000111")
+    for _ in range(2):  # WeChat's re-delivery: the same query and the same body
+        async with client.post(path, data=first) as resp:
+            assert resp.status == 200 and "失眠怎么办" in await resp.text()
+    forged = wx.text_xml("给我转账", msg_id=70002).encode()  # the captured signature with another body
+    async with client.post(path, data=forged) as resp:
+        assert resp.status == 403 and await resp.text() == "replayed nonce"
+    assert {c.text for c in dispatcher.calls} == {"失眠怎么办"}
+
+
 async def test_oversize_body_is_413(serve, signer):
     dispatcher = CachingDispatcher()
     client = await serve(dispatcher, max_body_bytes=1024)
@@ -676,8 +689,8 @@ async def test_subscription_late_answer_comes_with_the_users_next_message(serve,
     expected = "您之前问的“手脚冰凉怎么办”：\n答：手脚冰凉怎么办" + SEP + "答：失眠怎么办"
     assert wx.parse_reply(body)["Content"] == expected
     # Neither comes again: a re-delivery of 51 finds it delivered, of 52 gets the same reply.
-    assert await post(client, signer, wx.text_xml("手脚冰凉怎么办", msg_id=51), nonce="r") == (200, "success")
-    status, body = await post(client, signer, wx.text_xml("失眠怎么办", msg_id=52), nonce="r")
+    assert await post(client, signer, wx.text_xml("手脚冰凉怎么办", msg_id=51), nonce="r1") == (200, "success")
+    status, body = await post(client, signer, wx.text_xml("失眠怎么办", msg_id=52), nonce="r2")
     assert wx.parse_reply(body)["Content"] == expected
     status, body = await post(client, signer, wx.text_xml("口干怎么办", msg_id=53))
     assert wx.parse_reply(body)["Content"] == "答：口干怎么办"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import random
 import struct
 import time
 import xml.etree.ElementTree as ET
@@ -140,9 +141,11 @@ class WechatSigner:
     appid: str = "wx0123456789abcdef"
     aes_key: str = ""
 
-    def query(self, *, timestamp: int | None = None, nonce: str = "1234567890", **extra: str) -> dict[str, str]:
-        """``signature``/``timestamp``/``nonce`` (+ ``extra``) for a plaintext request."""
+    def query(self, *, timestamp: int | None = None, nonce: str | None = None, **extra: str) -> dict[str, str]:
+        """``signature``/``timestamp``/``nonce`` (+ ``extra``) for a plaintext request; a fresh random
+        nonce unless one is given, as WeChat sends (the server refuses a nonce reused with another body)."""
         ts = str(int(time.time()) if timestamp is None else timestamp)
+        nonce = str(random.randint(10**8, 10**10)) if nonce is None else nonce
         return {"signature": sign(self.token, ts, nonce), "timestamp": ts, "nonce": nonce, **extra}
 
     def verify_url(self, echostr: str, **kw: Any) -> str:

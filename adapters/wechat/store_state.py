@@ -28,6 +28,9 @@ UNFINISHED_KEY = "wechat:unfinished"
 """Store list of messages whose answer was still being computed when a process shut down
 (JSON of the :class:`~bot.types.Inbound`, :func:`inbound_to_json`); the next process to
 start (any replica) computes and delivers them (:meth:`WechatAdapter.recover`)."""
+REPLAY_KEY = "wechat:nonce"
+"""Plaintext mode: ``wechat:nonce:<timestamp>:<nonce>`` -> sha256 of the body it first came with
+(:meth:`WechatAdapter._check_replay`), kept for twice ``wechat.timestamp_window_s``."""
 UNFINISHED_TTL_S = 3600.0
 """Seconds a message left unfinished by a shutdown waits for the next process."""
 

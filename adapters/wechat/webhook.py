@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import hmac
 import time
 import weakref
@@ -25,11 +26,12 @@ from adapters.wechat.parsing import Reject, extract_encrypt, parse_inbound, pars
     strip_invalid_xml_chars
 from adapters.wechat.passive import PassiveDelivery
 from adapters.wechat.replies import render_text_reply, render_transfer_reply
-from adapters.wechat.store_state import NO_ANSWER, DispatcherLike, PassiveAnswer
+from adapters.wechat.store_state import NO_ANSWER, REPLAY_KEY, DispatcherLike, PassiveAnswer
 from bot.admission import ADMISSION_KEY, Admission
 from bot.config import Config, ConfigError
 from bot.handoff import HandoffManager, PlatformAgentRelay
 from bot.store import Store, open_store
+from bot.store.health import store_unavailable
 from bot.types import Inbound, Reply
 
 log = structlog.get_logger("healthbot.wechat")
@@ -138,6 +140,32 @@ class WechatAdapter(PassiveDelivery):
         if not _same(expected, given):
             raise Reject(403, "invalid signature", "signature missing or wrong")
 
+    async def _check_replay(self, query: Any, body: bytes) -> None:
+        """Plaintext mode: refuse a (timestamp, nonce) seen with a different body.
+
+        The plaintext ``signature`` covers only token, timestamp and nonce, not the body: a
+        query string captured once could carry any body for the whole timestamp window.
+        Each (timestamp, nonce) is remembered in the store for twice the window with a
+        digest of its body; WeChat's own re-deliveries (up to three, same message) match
+        and pass, a different body is refused 403. Safe mode signs the body and needs no
+        such record (README recommends it). A store that cannot answer is counted and
+        the request let through, as every other store call in the dispatch path is.
+
+        Raises:
+            Reject: 403 ``replayed nonce``.
+        """
+        key = f"{REPLAY_KEY}:{query.get('timestamp', '')}:{query.get('nonce', '')}"
+        digest = hashlib.sha256(body).hexdigest()
+        try:
+            if await self.store.set_if_absent(key, digest, ttl_s=2 * self.cfg.timestamp_window_s):
+                return
+            seen = await self.store.get(key)
+        except Exception as exc:  # noqa: BLE001 — any store failure: let the request through, counted
+            store_unavailable("replay_check", exc)
+            return
+        if seen is not None and seen != digest:
+            raise Reject(403, "replayed nonce", "this timestamp and nonce came with another body")
+
     def _is_encrypted(self, query: Any) -> bool:
         if self.cfg.mode == "safe":
             return True
@@ -233,6 +261,8 @@ class WechatAdapter(PassiveDelivery):
                 raise Reject(403, "invalid signature", "encrypted request without msg_signature")
             self._check_timestamp(query)
             body = await self._read_body(request)
+            if not encrypted and self.store is not None:
+                await self._check_replay(query, body)
             try:
                 text = strip_invalid_xml_chars(body.decode("utf-8"))
             except UnicodeDecodeError:

@@ -39,7 +39,7 @@ UNREACHABLE: Final = "unreachable"
 
 #: The ``operation`` label's values (a closed set): where a store call was given up on.
 OPERATIONS: Final = ("dedup", "rate_limit", "session_get", "session_save", "handoff_active", "handoff_relay",
-                     "handoff_start", "handoff_end", "handoff_agent_message", "transcript")
+                     "handoff_start", "handoff_end", "handoff_agent_message", "transcript", "replay_check")
 
 STORE_UNAVAILABLE: Final = Counter(
     "healthbot_store_unavailable",
