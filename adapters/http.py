@@ -9,7 +9,7 @@ hand every other to that person); send it back to continue the conversation
 (follow-ups, a handoff, ``GET /api/messages``). A body that is not such a JSON
 object gets 400 with an ``error`` message.
 
-Admission (bot/admission.py, when the app has one): the caller's address may send
+Admission (bot/admission/, when the app has one): the caller's address may send
 ``address_per_minute`` requests and ``address_tokens_per_minute`` estimated tokens
 of questions; beyond either, 429 with ``Retry-After`` and an ``error``. While the
 server shuts down, a question not answered by the drain deadline gets 503 with

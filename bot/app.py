@@ -86,7 +86,7 @@ async def request_id_middleware(request: web.Request, handler) -> web.StreamResp
 
 class _LateDispatcher:
     """Routes are added before start-up; this forwards to the dispatcher once it exists,
-    through the app's admission control (bot/admission.py: the per-user work budget and
+    through the app's admission control (bot/admission/policy.py: the per-user work budget and
     the window on long questions, whose reply then says so)."""
 
     def __init__(self, admission: Admission | None = None) -> None:
@@ -155,14 +155,14 @@ def create_app(cfg: Config) -> web.Application:
     ``telegram.token`` is set. Every response carries ``X-Request-Id``.
 
     The model, knowledge base and inference pool are loaded in the app's cleanup
-    context (start-up) and drained on shutdown. Admission control (bot/admission.py,
+    context (start-up) and drained on shutdown. Admission control (bot/admission/,
     at :data:`~bot.admission.ADMISSION_KEY`) is in front of the dispatcher and in the
     middleware: the window on long questions, per-user and per-address budgets, held
     4xx answers for failing addresses, the body timeout, and the shutdown's drain deadline.
     """
     app = web.Application(client_max_size=cfg.server.max_body_bytes, middlewares=[request_id_middleware])
     app[CONFIG_KEY] = cfg
-    # Admission control (bot/admission.py) before the channels: its middleware, and its wait
+    # Admission control (bot/admission/) before the channels: its middleware, and its wait
     # for the messages being answered as the first shutdown step.
     admission = install(app, Admission(cfg.admission, safety=cfg.safety))
     state = app[STATE_KEY] = ServerState()
@@ -202,7 +202,7 @@ def create_app(cfg: Config) -> web.Application:
     setup_http(app, dispatcher)
     setup_console(app, cfg, handoff)  # /console (agents), GET /api/messages, the http channel's relay
     setup_wechat(app, cfg, dispatcher, handoff=handoff)
-    if cfg.telegram.token:  # POST /telegram and the bot's lifecycle (adapters/telegram.py)
+    if cfg.telegram.token:  # POST /telegram and the bot's lifecycle (adapters/telegram/adapter.py)
         from adapters.telegram import setup_telegram
         setup_telegram(app, cfg, dispatcher, handoff)
     return app

@@ -54,7 +54,7 @@ class WechatConfig:
 
     ``mode``: ``plaintext`` | ``compatible`` | ``safe`` (AES message encryption).
     ``reply_budget_s``: time the webhook waits for an answer before giving up on a
-    passive reply; WeChat itself waits 5 s (see adapters/wechat_constants.py).
+    passive reply; WeChat itself waits 5 s (see adapters/wechat/constants.py).
     ``timestamp_window_s``: requests whose ``timestamp`` is further from now are
     rejected as replays. ``account_type``: ``service`` (late answers go out through
     the customer-service API; needs ``appsecret``) or ``subscription`` (late answers

@@ -72,7 +72,7 @@ CHANNELS: Final[tuple[str, ...]] = ("wechat", "telegram", "http")
 
 #: Request latency buckets, seconds. Dense below 0.1 s (a CPU answer takes tens of
 #: ms); 4 s is ``wechat.reply_budget_s`` and 5 s WeChat's own deadline
-#: (adapters/wechat_constants.REPLY_DEADLINE_S), so a bucket edge sits on each.
+#: (adapters/wechat/constants.py, REPLY_DEADLINE_S), so a bucket edge sits on each.
 REQUEST_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 10.0)
 
 # ---------------------------------------------------------------- requests

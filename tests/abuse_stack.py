@@ -45,7 +45,7 @@ TG_TOKEN = "123456:TEST-token"
 TG_SECRET = "abuse_Webhook-secret_0123"
 CONSOLE_TOKEN = "console-token-for-abuse-tests-0123456789"
 HANDOFF_USER = "http-user-in-handoff"
-AGENT_CHAT = -1001234567890  # the agents' forum supergroup (telegram_handoff's relay is on)
+AGENT_CHAT = -1001234567890  # the agents' forum supergroup (adapters/telegram/handoff.py's relay is on)
 
 
 class EchoDispatcher:

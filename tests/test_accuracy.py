@@ -1,4 +1,4 @@
-"""The accuracy check (inference/accuracy.py) and the ONNX INT8 variant's bookkeeping, with fake engines."""
+"""The accuracy check (inference/model/accuracy.py) and the ONNX INT8 variant's bookkeeping, with fake engines."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ What must hold when a load balancer spreads traffic over both:
 * a handoff started on one replica is honoured by the other: the bot stays silent there,
   the message is relayed, an agent on either replica's console answers, and the user
   reads the answer through either replica;
-* the WeChat access token (adapters/wechat_api.py) is fetched once for both, against
+* the WeChat access token (adapters/wechat/api.py) is fetched once for both, against
   tests/fake_wechat_api.py (run on its own thread and event loop, so it answers
   whatever this test's loop is doing).
 

@@ -756,7 +756,7 @@ def cli_bench(carry: Path, out: Path, seconds: float, rec: Recorder, plans: list
         for label, overrides, args in CLI_PLANS[plan]:
             env = dict(os.environ, PYTHONUNBUFFERED="1", HEALTHBOT_INFERENCE_ENGINES_DIR=str(engines_dir))
             env.update({**CLI_COMMON, **overrides})
-            cmd = [sys.executable, "-m", "inference.bench", "--json", "--seconds", str(seconds),
+            cmd = [sys.executable, "-m", "bot.cli", "bench", "--json", "--seconds", str(seconds),
                    "--engines", "onnxruntime" if cpu else "torch_cuda", *args]
             if cpu:
                 env["HEALTHBOT_INFERENCE_DEVICES"] = "all"
