@@ -196,7 +196,8 @@ class DecisionHead:
                     known: dict[str, np.ndarray] | None = None) -> "DecisionHead":
         """Train (or load from ``cache_dir``) the head for ``encoder``'s model.
 
-        ``known``: vectors already computed for some texts (the retriever's), not embedded again.
+        ``known``: text -> vector already computed (the retriever's), not embedded again; the
+        vectors embedded here are added to it.
 
         Raises:
             ValueError: a bad training line; inference errors from embedding.
@@ -212,7 +213,7 @@ class DecisionHead:
             head = cls(net, float(saved["temperature"]), json.loads(str(saved["report"])))
             log.info("decision_head", cached=True, **head.report)
             return head
-        known = dict(known or {})
+        known = known if known is not None else {}  # updated in place: the caller may reuse the vectors
         texts = [t for t, _ in rows]
         missing = [t for t in dict.fromkeys(texts) if t not in known]
         known.update(zip(missing, await embed_all(encoder, missing)))

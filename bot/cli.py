@@ -133,15 +133,18 @@ async def _eval(cfg: Config, args: argparse.Namespace) -> int:
                 print(f"{mode:9}  {top1:28.1%}  {s['intent_accuracy']:17.1%}  {s['topic_accuracy']:16.1%}")
             return 0
         res = await evaluate(dispatcher, rows)
-        head = dispatcher.head.report
+        head, fit = dispatcher.head.report, dispatcher.topic_fit.report
     if args.json:
-        print(json.dumps({**res.summary(), "decision_head": head}, ensure_ascii=False))
+        print(json.dumps({**res.summary(), "decision_head": head, "topic_fit": fit}, ensure_ascii=False))
     else:
         print(format_report(res))
         print(f"\ndecision head: trained on {head['lines']} lines; on its {head['held_out']} held-out lines accuracy "
               f"{head['held_out_accuracy']:.1%}, expected calibration error {head['ece']['raw']:.3f} -> "
               f"{head['ece']['calibrated']:.3f} (temperature {head['temperature']}), log loss "
               f"{head['log_loss']['raw']:.3f} -> {head['log_loss']['calibrated']:.3f}")
+        print(f"topic fit: trained on {fit['pairs']} question-topic pairs; on its {fit['held_out']} held-out pairs "
+              f"accuracy {fit['held_out_accuracy']:.1%}, expected calibration error {fit['ece']['raw']:.3f} -> "
+              f"{fit['ece']['calibrated']:.3f} (temperature {fit['temperature']})")
     if args.misses:
         for m in res.misses:
             print(json.dumps(m, ensure_ascii=False), file=sys.stderr)

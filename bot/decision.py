@@ -22,10 +22,11 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
 7. a care-team rule -> no_answer with its own text;
 8. the head's refer_doctor >= ``refer`` -> refer_doctor (a clinician or pharmacist);
 9. an answer only when the head's answer >= ``answer``, retrieval found no nearer
-   non-answer example, retrieval's confidence >= ``knowledge.min_confidence``, and the
-   topic covers every population or named disease the question names (bot/topic_scope.py);
-   a question that would be answered but names a medicine (not a supplement) is referred
-   to a doctor or pharmacist instead;
+   non-answer example, retrieval's confidence >= ``knowledge.min_confidence``, the
+   topic covers every population or named disease the question names (bot/topic_scope.py),
+   and the topic-fit verifier's probability that the topic answers the question
+   (bot/topic_fit.py) >= ``topic_fit``; a question that would be answered but names a
+   medicine (not a supplement) is referred to a doctor or pharmacist instead;
 10. else no_answer (honest: cannot answer reliably, see a doctor).
 
 The thresholds were chosen on the project's own files (evals/safety.jsonl, the dev
@@ -51,6 +52,7 @@ class DecisionConfig:
     out_of_scope: float = 0.6
     refer: float = 0.5
     answer: float = 0.5
+    topic_fit: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ class Decision:
         source: what decided it: ``"rule"``, ``"head"`` or ``"retrieval"``.
         kind: for an emergency, ``"emergency"`` or ``"crisis"``; else ``""``.
         safety_net: ``"emergency"`` or ``"crisis"`` when a safety-net line goes with the reply, else ``""``.
-        fit: the probability that a topic answer fits (the head's p(answer)); 0 for others.
+        fit: the calibrated probability that the topic's answer fits the question (the topic-fit
+            verifier, bot/topic_fit.py), reported to clients as the confidence; 0 for others.
     """
 
     intent: Intent
@@ -75,7 +78,7 @@ class Decision:
 
 def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None, scope: bool, care_team: bool,
            off_topic: str | None, retrieval_confidence: float, min_confidence: float,
-           scope_gap: str | None = None, names_medicine: bool = False) -> Decision:
+           scope_gap: str | None = None, names_medicine: bool = False, topic_fit: float = 0.0) -> Decision:
     """Apply the policy of this module's docstring.
 
     Args:
@@ -89,6 +92,7 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         min_confidence: ``knowledge.min_confidence``.
         scope_gap: a population or disease the question names that the best topic does not cover.
         names_medicine: the question names a medicine (safety/scope.py :func:`names_medicine`).
+        topic_fit: the verifier's probability that the best topic answers the question.
     """
     danger = probs["emergency"] + probs["crisis"]
     kind = "crisis" if probs["crisis"] > probs["emergency"] else "emergency"
@@ -122,6 +126,8 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         return out(Intent.REFER_DOCTOR, "medicine")
     if scope_gap is not None:
         return out(Intent.NO_ANSWER, "topic_scope")
-    if off_topic is None and retrieval_confidence >= min_confidence:
-        return out(Intent.ANSWER, "head", fit=probs["answer"])
-    return out(Intent.NO_ANSWER, "retrieval")
+    if off_topic is not None or retrieval_confidence < min_confidence:
+        return out(Intent.NO_ANSWER, "retrieval")
+    if topic_fit < cfg.topic_fit:
+        return out(Intent.NO_ANSWER, "topic_fit", fit=topic_fit)
+    return out(Intent.ANSWER, "head", fit=topic_fit)

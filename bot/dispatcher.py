@@ -37,6 +37,7 @@ from bot.retrieval import Retriever
 from bot.session import Session, Sessions, is_follow_up
 from bot.store import MemoryStore, Store, StoreError
 from bot.store.health import LocalCache, store_unavailable
+from bot.topic_fit import TopicFit
 from bot.types import Inbound, Intent, MessageKind, Reply
 from inference.batcher import BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
@@ -98,13 +99,15 @@ class Dispatcher:
         kb: the knowledge base (swappable at run time through :attr:`retriever`).
         retriever: hybrid retrieval over ``kb`` (owns the encoder).
         head: the learned decision head over the question's embedding (bot/classifier.py).
+        topic_fit: the verifier of the best topic against the question (bot/topic_fit.py).
     """
 
-    def __init__(self, cfg: Config, retriever: Retriever, head: DecisionHead, handoff: HandoffManager | None = None,
-                 store: Store | None = None):
+    def __init__(self, cfg: Config, retriever: Retriever, head: DecisionHead, topic_fit: TopicFit,
+                 handoff: HandoffManager | None = None, store: Store | None = None):
         self.cfg = cfg
         self.retriever = retriever
         self.head = head
+        self.topic_fit = topic_fit
         self.store: Store = store if store is not None else MemoryStore()
         self.handoff = handoff or HandoffManager(self.store)
         self.sessions = Sessions(self.store)
@@ -342,7 +345,8 @@ class Dispatcher:
                    care_team=referral is not None, off_topic=found.off_topic, retrieval_confidence=best.confidence,
                    min_confidence=self.cfg.knowledge.min_confidence,
                    scope_gap=self.retriever.scope.uncovered(norm.text, best.topic_id),
-                   names_medicine=names_medicine(norm.text))
+                   names_medicine=names_medicine(norm.text),
+                   topic_fit=self.topic_fit.probability(found.fit_features))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:
@@ -373,13 +377,13 @@ class Dispatcher:
             session.no_answer_streak += 1
             await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session),
                                       None)
-            return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=best.confidence * d.fit,
+            return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=d.fit,
                          handoff=True), notes
         topic = self.kb.topics[best.topic_id]
         session.last_topic, session.no_answer_streak = topic.id, 0
         await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session),
                                   None)
-        return reply(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=best.confidence * d.fit), notes
+        return reply(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=d.fit), notes
 
     async def _handoff(self, inbound: Inbound, agents: bool, out, lang: str, source: str) -> tuple[Reply, dict]:
         """Start a handoff where a person can take it; else say honestly that nobody is available."""

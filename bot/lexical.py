@@ -80,6 +80,19 @@ class BM25:
         n = len(documents)
         self.idf = {t: math.log(1.0 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
 
+    def score_without(self, query_terms: list[str], doc: int, minus: Counter) -> float:
+        """BM25 score of document ``doc`` with the term counts ``minus`` taken out of it
+        (idf and average length unchanged): a knowledge-base example scored against its
+        own topic as if it were not there (bot/topic_fit.py trains leave-one-out)."""
+        tf, length = self.doc_tf[doc], self.doc_len[doc] - sum(minus.values())
+        out = 0.0
+        for term in set(query_terms):
+            f = tf.get(term, 0) - minus.get(term, 0)
+            if f > 0 and term in self.idf:
+                norm = self.k1 * (1 - self.b + self.b * max(length, 1) / self.avg_len)
+                out += self.idf[term] * f * (self.k1 + 1) / (f + norm)
+        return out
+
     def scores(self, query_terms: list[str]) -> list[float]:
         """BM25 score of every document for the query terms (0 where nothing matches)."""
         out = [0.0] * len(self.doc_tf)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -97,6 +98,8 @@ class SearchResult:
         vector: float32[D], the embedding of the question alone (no context), which the
             decision head (bot/classifier.py) reads: one encoder call serves both.
         context_vector: float32[D] of ``context + question`` for a follow-up, else None.
+        fit_features: float32[N_SCORES + D] of the best topic (:func:`fit_features`), which
+            the topic-fit verifier (bot/topic_fit.py) reads.
     """
 
     matches: list[Match]
@@ -104,6 +107,33 @@ class SearchResult:
     nearest: dict[str, float]
     vector: np.ndarray | None = None
     context_vector: np.ndarray | None = None
+    fit_features: np.ndarray | None = None
+
+
+#: Scores ahead of the vector product in :func:`fit_features`.
+N_SCORES = 9
+
+
+def fit_features(scores: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], topic: int, q: np.ndarray,
+                 centroid: np.ndarray, coverage: tuple[float, float, float]) -> np.ndarray:
+    """Features of one (question, topic) pair for the topic-fit verifier (bot/topic_fit.py).
+
+    Args:
+        scores: (hybrid, dense, best single cosine, saturated BM25), each float32[topics].
+        topic: the topic's index; q: float32[D] question vector; centroid: float32[D] unit
+            mean of the topic's example vectors.
+        coverage: :meth:`Retriever.coverage` of the question's terms by the topic.
+
+    Returns:
+        float32[N_SCORES + D]: hybrid, dense, best cosine, BM25, margin to the best other
+        topic's hybrid score, cosine to the centroid, the three coverage figures, then
+        q * centroid.
+    """
+    hybrid, dense, best, lexical = scores
+    others = np.delete(hybrid, topic)
+    margin = float(hybrid[topic] - others.max()) if len(others) else 1.0
+    head = [hybrid[topic], dense[topic], best[topic], lexical[topic], margin, float(q @ centroid), *coverage]
+    return np.concatenate([np.asarray(head, dtype=np.float32), (q * centroid).astype(np.float32)])
 
 
 #: Texts per ``encode`` call when the knowledge base is embedded (start-up, hot reload).
@@ -158,6 +188,11 @@ class Retriever:
         for t in range(len(self.topic_ids)):
             idx = np.flatnonzero(owners == t)
             self._rows[t, :len(idx)] = idx
+        # unit mean of each topic's example vectors, float32[topics, D] (topic-fit features)
+        sums = np.zeros((len(self.topic_ids), vectors.shape[1]), dtype=np.float32)
+        np.add.at(sums, owners, vectors)
+        self._sums = sums
+        self.centroids = sums / np.linalg.norm(sums, axis=1, keepdims=True)
         docs = []
         for tid in self.topic_ids:
             t = kb.topics[tid]
@@ -165,6 +200,7 @@ class Retriever:
                             for lang in LANGS)
             docs.append(tokenize(text.lower()))
         self.bm25 = BM25(docs)
+        self._top_idf = max(self.bm25.idf.values(), default=1.0)
 
     @staticmethod
     def example_texts(kb: KnowledgeBase) -> tuple[list[str], list[int]]:
@@ -224,9 +260,15 @@ class Retriever:
             at += len(examples[kind])
         return cls(kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32), example_vectors)
 
-    def _score(self, q: np.ndarray, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(hybrid, dense, best single cosine, BM25) per topic, each float32[topics]."""
+    def _score(self, q: np.ndarray, text: str, exclude: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(hybrid, dense, best single cosine, BM25) per topic, each float32[topics].
+
+        ``exclude``: an example row left out (training the topic-fit verifier leave-one-out).
+        """
         sims = np.append(self.vectors @ q, -1.0).astype(np.float32)  # index -1 = padding
+        if exclude is not None:
+            sims[exclude] = -1.0
         top = -np.partition(-sims[self._rows], DENSE_TOP_K - 1, axis=1)[:, :DENSE_TOP_K]
         dense = top.mean(axis=1)
         lexical = np.asarray(self.bm25.scores(tokenize(text)), dtype=np.float32)
@@ -237,6 +279,52 @@ class Retriever:
         else:
             hybrid = dense + LEXICAL_WEIGHT * lexical / (lexical + LEXICAL_SATURATION)
         return hybrid, dense, top.max(axis=1), lexical
+
+    def coverage(self, terms: list[str], topic: int, minus: Counter | None = None) -> tuple[float, float, float]:
+        """How well a topic's words cover a question's index terms.
+
+        Returns:
+            (covered, worst, unknown): the idf-weighted share of the question's terms that
+            occur in the topic's document; the largest idf of a term it lacks, over the
+            largest idf of the index (0 when none is lacking: "amphetamine" in a salt
+            question); the idf-weighted share of terms no topic has. ``minus``: term counts
+            taken out of the topic's document first (a knowledge-base example's own words,
+            when the verifier is trained leave-one-out). A question with no terms gives
+            (1, 0, 0).
+        """
+        doc = self.bm25.doc_tf[topic]
+        weights = {t: self.bm25.idf.get(t, self._top_idf) for t in set(terms)}
+        total = sum(weights.values())
+        if not total:
+            return 1.0, 0.0, 0.0
+        lacking = [t for t in weights if doc.get(t, 0) - (minus[t] if minus else 0) <= 0]
+        unknown = sum(w for t, w in weights.items() if t not in self.bm25.idf)
+        worst = max((weights[t] for t in lacking), default=0.0) / self._top_idf
+        return 1.0 - sum(weights[t] for t in lacking) / total, worst, unknown / total
+
+    def pair_features(self, q: np.ndarray, text: str, topic: int | None = None, exclude: int | None = None
+                      ) -> tuple[int, np.ndarray]:
+        """(topic index, :func:`fit_features`) for ``q`` float32[D] and its canonical ``text``.
+
+        ``topic``: the topic to describe (default: the best by hybrid score); ``exclude``:
+        an example row left out of the index and of its topic's centroid (leave-one-out).
+        """
+        hybrid, dense, best, lexical = self._score(q, text, exclude)
+        terms = tokenize(text)
+        if exclude is not None:  # the example's own words leave its topic's BM25 document and centroid
+            own = int(self.owners[exclude])
+            minus = Counter(terms)
+            lexical[own] = self.bm25.score_without(terms, own, minus)
+        saturated = lexical / (lexical + LEXICAL_SATURATION)
+        t = int(np.argmax(hybrid if exclude is None else dense + LEXICAL_WEIGHT * saturated)) if topic is None else topic
+        centroid = self.centroids[t]
+        if exclude is not None and own == t:
+            rest = self._sums[t] - self.vectors[exclude]
+            centroid = rest / max(float(np.linalg.norm(rest)), 1e-6)
+        cov = self.coverage(terms, t, minus if exclude is not None and own == t else None)
+        if exclude is not None:
+            hybrid = dense + LEXICAL_WEIGHT * saturated
+        return t, fit_features((hybrid, dense, best, saturated), t, q, centroid, cov)
 
     async def search(self, text: str, k: int = 3, context: str | None = None) -> SearchResult:
         """Top-``k`` topics for a normalized question, best first.
@@ -271,7 +359,10 @@ class Retriever:
         beaten = [k for k in ("out_of_scope", "no_answer")
                   if k in nearest and nearest[k] > dense[order[0]] + OFF_TOPIC_MARGIN[k]]
         off_topic = max(beaten, key=nearest.__getitem__) if beaten else None  # the nearer kind wins
-        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None)
+        best = int(order[0])
+        fit = fit_features((hybrid, dense, best_single, lexical / (lexical + LEXICAL_SATURATION)), best, qs[-1],
+                           self.centroids[best], self.coverage(tokenize(texts[-1]), best))
+        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit)
 
 
 def confidence(score: float, margin: float) -> float:

@@ -15,6 +15,7 @@ import structlog
 from threadpoolctl import threadpool_limits
 
 from bot.classifier import DecisionHead
+from bot.topic_fit import TopicFit
 from bot.config import Config
 from bot.dispatcher import Dispatcher
 from bot.handoff import HandoffManager
@@ -68,10 +69,12 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None, *,
     try:
         retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
                                           model_digest=model_digest(cfg) + encoder.variant)
+        known = retriever.known_vectors()  # texts embedded once, shared by both trainings
         head = await DecisionHead.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
-                                        model_digest=model_digest(cfg) + encoder.variant,
-                                        known=retriever.known_vectors())
-        dispatcher = Dispatcher(cfg, retriever, head, handoff, store)
+                                        model_digest=model_digest(cfg) + encoder.variant, known=known)
+        fit = await TopicFit.build(retriever, cache_dir=cfg.engines_path / "cache",
+                                   model_digest=model_digest(cfg) + encoder.variant, known=known)
+        dispatcher = Dispatcher(cfg, retriever, head, fit, handoff, store)
         log.info("ready", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
         try:
             yield dispatcher

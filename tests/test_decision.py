@@ -20,9 +20,9 @@ def probs(**given: float) -> dict[str, float]:
     return {label: given.get(label, rest) for label in LABELS}
 
 
-def run(p: dict[str, float], rule=None, scope=False, care_team=False, off_topic=None, confidence=0.9):
+def run(p: dict[str, float], rule=None, scope=False, care_team=False, off_topic=None, confidence=0.9, fit=0.8):
     return decide(p, CFG, rule=rule, scope=scope, care_team=care_team, off_topic=off_topic,
-                  retrieval_confidence=confidence, min_confidence=0.5)
+                  retrieval_confidence=confidence, min_confidence=0.5, topic_fit=fit)
 
 
 def test_likely_danger_is_the_emergency_reply_and_crisis_when_self_harm_is_likelier():
@@ -35,7 +35,7 @@ def test_likely_danger_is_the_emergency_reply_and_crisis_when_self_harm_is_likel
 
 def test_possible_danger_keeps_the_answer_and_adds_a_safety_net():
     d = run(probs(emergency=0.2, answer=0.7))
-    assert d.intent is Intent.ANSWER and d.safety_net == "emergency" and d.fit == pytest.approx(0.7)
+    assert d.intent is Intent.ANSWER and d.safety_net == "emergency" and d.fit == pytest.approx(0.8)
     assert run(probs(emergency=0.05, answer=0.9)).safety_net == ""
 
 
@@ -44,6 +44,13 @@ def test_an_answer_needs_the_head_retrieval_confidence_and_no_nearer_non_answer_
     assert run(probs(answer=0.9), confidence=0.3).intent is Intent.NO_ANSWER
     assert run(probs(answer=0.9), off_topic="no_answer").intent is Intent.NO_ANSWER
     assert run(probs(answer=0.4, no_answer=0.5)).intent is Intent.NO_ANSWER
+
+
+def test_an_answer_needs_a_topic_that_fits_the_question():
+    d = run(probs(answer=0.95), fit=0.2)  # health, answerable in kind, but the best topic is about something else
+    assert d.intent is Intent.NO_ANSWER and d.source == "topic_fit" and d.fit == pytest.approx(0.2)
+    d = run(probs(answer=0.95), fit=CFG.topic_fit)
+    assert d.intent is Intent.ANSWER and d.fit == pytest.approx(CFG.topic_fit)
 
 
 def test_rules_keep_their_say_and_the_head_adds_what_rules_miss():
@@ -94,7 +101,7 @@ def test_safety_net_names_the_warning_signs_that_fit_the_message(text, lang, kin
 def test_an_answer_needs_a_topic_that_covers_the_population_or_disease_named():
     assert run(probs(answer=0.9)).intent is Intent.ANSWER
     d = decide(probs(answer=0.9), CFG, rule=None, scope=False, care_team=False, off_topic=None,
-               retrieval_confidence=0.9, min_confidence=0.5, scope_gap="infant")
+               retrieval_confidence=0.9, min_confidence=0.5, scope_gap="infant", topic_fit=0.9)
     assert d.intent is Intent.NO_ANSWER and d.source == "topic_scope"
 
 
@@ -122,7 +129,7 @@ def test_the_safety_net_travels_in_the_json_and_between_replicas():
 
 def test_an_answerable_question_that_names_a_medicine_is_referred():
     d = decide(probs(answer=0.9), CFG, rule=None, scope=False, care_team=False, off_topic=None,
-               retrieval_confidence=0.9, min_confidence=0.5, names_medicine=True)
+               retrieval_confidence=0.9, min_confidence=0.5, names_medicine=True, topic_fit=0.9)
     assert d.intent is Intent.REFER_DOCTOR and d.source == "medicine"
 
 
