@@ -66,14 +66,21 @@ async def test_concurrent_requests_form_one_batch():
     await b.close()
 
 
-async def test_lone_request_runs_after_max_queue_delay_not_before():
-    run = RecordingRunBatch()
+async def test_a_lone_request_on_an_idle_engine_runs_at_once_and_one_behind_a_batch_when_it_ends():
+    gate = asyncio.Event()
+    run = RecordingRunBatch(gate)
     b = DynamicBatcher(run, max_queue_delay_ms=150)
     t0 = asyncio.get_running_loop().time()
-    await b.submit(window(1))
-    waited = run.started_at[0] - t0
-    assert 0.145 <= waited < 1.0  # ≈ the 150 ms delay; generous upper bound on a shared machine
-    assert b.stats.queue_time_ms_max >= 145
+    first = asyncio.create_task(b.submit(window(1)))
+    await settle()
+    assert run.sizes == [1] and run.started_at[0] - t0 < 0.05  # idle engine: no 150 ms wait for company
+    second = asyncio.create_task(b.submit(window(2)))
+    await settle()
+    assert run.sizes == [1]  # the engine is busy: it waits
+    opened = asyncio.get_running_loop().time()
+    gate.set()
+    await asyncio.gather(first, second)
+    assert run.sizes == [1, 1] and run.started_at[1] - opened < 0.05  # taken as soon as the engine is free
     await b.close()
 
 
@@ -186,13 +193,17 @@ async def test_request_past_its_deadline_is_not_computed():
 
 
 async def test_close_drains_pending_requests_without_waiting_for_the_delay():
-    run = RecordingRunBatch()
-    b = DynamicBatcher(run, max_queue_delay_ms=60_000)
+    gate = asyncio.Event()
+    run = RecordingRunBatch(gate)
+    b = DynamicBatcher(run, max_batch_size=2, max_queue_delay_ms=60_000)
+    busy = asyncio.create_task(b.submit(window(9)))  # holds the engine
+    await settle()
     tasks = [asyncio.create_task(b.submit(window(t))) for t in range(3)]
     await settle()
-    assert b.pending == 3 and run.batches == []
+    assert b.pending == 3 and run.sizes == [1]
+    gate.set()
     await asyncio.wait_for(b.close(), timeout=5)
-    assert [t.result()[1] for t in tasks] == [0.0, 1.0, 2.0]
+    assert busy.result()[1] == 9.0 and [t.result()[1] for t in tasks] == [0.0, 1.0, 2.0]
     with pytest.raises(BatcherClosed, match="shutting down"):
         await b.submit(window(9))
 
@@ -385,7 +396,7 @@ async def test_oldest_bucket_is_served_first_when_no_batch_is_full():
     await b.close()
 
 
-async def test_a_full_younger_bucket_goes_before_an_older_one_still_in_its_delay():
+async def test_a_full_younger_bucket_does_not_wait_for_an_older_ones_delay():
     gate = asyncio.Event()
     run = RecordingRunBatch(gate)
     b = DynamicBatcher(run, max_batch_size=4, max_queue_delay_ms=200)
@@ -395,9 +406,12 @@ async def test_a_full_younger_bucket_goes_before_an_older_one_still_in_its_delay
     await settle()
     full = [asyncio.create_task(b.submit(window(t, 8))) for t in range(1, 5)]
     await settle()
+    opened = asyncio.get_running_loop().time()
     gate.set()
     await asyncio.gather(busy, older, *full)
-    assert run.sizes == [1, 4, 1]  # the full short bucket did not wait for the long one's 200 ms
+    # the engine freed: nothing waits any more, oldest first, and the full bucket right after
+    # (not after the long one's 200 ms)
+    assert run.sizes == [1, 1, 4] and run.started_at[2] - opened < 0.1
     await b.close()
 
 

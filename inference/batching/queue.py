@@ -230,9 +230,10 @@ class WindowQueue:
                 continue
             if len(heads) > 1:
                 heads.sort(key=lambda q: q[0].request.enqueued)
+            idle = not self._running  # nothing on the engine: waiting for company only adds latency
             for q in heads:  # oldest first; a full bucket need not wait for an older one
                 n, full = self._take(q)
-                if full or self._closing or now >= q[0].request.enqueued + delay_s:
+                if full or self._closing or idle or now >= q[0].request.enqueued + delay_s:
                     return self._pop(q, n)
             # Nothing ready: wait for more requests or the oldest batch's delay bound.
             wake_at = heads[0][0].request.enqueued + delay_s
