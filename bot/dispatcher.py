@@ -1,18 +1,21 @@
 """The one async dispatcher every channel calls: Inbound -> Reply.
 
-Order of checks (ARCHITECTURE.md, "One message, end to end"):
+Order of checks (docs/architecture.md, "One WeChat text message, end to end"):
 
-1. dedup on (channel, message_id) — channel retries get the same reply, computed once;
-2. message kind — follow events get the greeting, non-text a helpful text;
-3. safety.triage — emergencies and crises first, with no knowledge-base advice;
-4. rule intents — ending a handoff ("结束人工", whole message), greeting, handoff
-   request (started only where a person can take it, ``HandoffManager.reachable``;
-   else an honest "no one is available"), out of scope;
-5. scope rules — diagnosis, dose, prescription, stopping medicine, reading a
-   report: a kind refusal naming the department (refer_doctor);
-6. knowledge retrieval — an answer above the confidence threshold, else no_answer;
-7. safety.review + disclaimer on every health text; the reply follows the
-   user's script (Traditional in, Traditional out).
+1. exactly-once on (channel, user, message id): a channel's retry gets the same reply,
+   computed once;
+2. message kind: follow events get the greeting, non-text a helpful text;
+3. normalize once; safety.triage: emergencies and crises first, with no knowledge-base
+   advice (rules on the text alone, so they answer even when the encoder is busy);
+4. a chat handed to a person is relayed, not answered; the per-user rate limit;
+5. rule intents: ending a handoff, greeting, a request for a person (started only
+   where a person can take it), abuse; scope and care-team rules;
+6. one encoder call: retrieval, the decision head (bot/classifier.py) and the topic-fit
+   verifier (bot/topic_fit.py) read the same embedding; the policy (bot/decision.py)
+   decides: emergency or crisis, a safety-net line, greeting, handoff, referral,
+   out of scope, an answer only when everything agrees, else an honest no_answer;
+7. safety.review + disclaimer on every health text; the reply follows the user's
+   script (Traditional in, Traditional out).
 """
 
 from __future__ import annotations
