@@ -39,6 +39,8 @@ from inference.batcher import DeadlineExceeded
 
 log = structlog.get_logger("healthbot.retrieval")
 
+#: e5's prefix for documents (the answers); questions and examples take ``"query: "``.
+PASSAGE = "passage: "
 #: Weight and saturation constant of the lexical part (tuned with ``healthbot eval``).
 LEXICAL_WEIGHT = 0.06
 LEXICAL_SATURATION = 6.0
@@ -111,11 +113,11 @@ class SearchResult:
 
 
 #: Scores ahead of the vector product in :func:`fit_features`.
-N_SCORES = 9
+N_SCORES = 11
 
 
 def fit_features(scores: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], topic: int, q: np.ndarray,
-                 centroid: np.ndarray, coverage: tuple[float, float, float]) -> np.ndarray:
+                 centroid: np.ndarray, coverage: tuple[float, float, float], answers: np.ndarray) -> np.ndarray:
     """Features of one (question, topic) pair for the topic-fit verifier (bot/topic_fit.py).
 
     Args:
@@ -123,16 +125,22 @@ def fit_features(scores: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], 
         topic: the topic's index; q: float32[D] question vector; centroid: float32[D] unit
             mean of the topic's example vectors.
         coverage: :meth:`Retriever.coverage` of the question's terms by the topic.
+        answers: float32[topics], the question's cosine to each topic's answer text
+            (:meth:`Retriever.answer_scores`).
 
     Returns:
         float32[N_SCORES + D]: hybrid, dense, best cosine, BM25, margin to the best other
-        topic's hybrid score, cosine to the centroid, the three coverage figures, then
-        q * centroid.
+        topic's hybrid score, cosine to the centroid, the three coverage figures, the
+        cosine to the topic's answer and its margin to the best other topic's answer,
+        then q * centroid.
     """
     hybrid, dense, best, lexical = scores
     others = np.delete(hybrid, topic)
     margin = float(hybrid[topic] - others.max()) if len(others) else 1.0
-    head = [hybrid[topic], dense[topic], best[topic], lexical[topic], margin, float(q @ centroid), *coverage]
+    rest = np.delete(answers, topic)
+    answer_margin = float(answers[topic] - rest.max()) if len(rest) else 1.0
+    head = [hybrid[topic], dense[topic], best[topic], lexical[topic], margin, float(q @ centroid), *coverage,
+            float(answers[topic]), answer_margin]
     return np.concatenate([np.asarray(head, dtype=np.float32), (q * centroid).astype(np.float32)])
 
 
@@ -140,7 +148,7 @@ def fit_features(scores: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], 
 EMBED_CHUNK = 64
 
 
-async def embed_all(encoder: TextEncoder, texts: list[str]) -> list[np.ndarray]:
+async def embed_all(encoder: TextEncoder, texts: list[str], prefix: str = "query: ") -> list[np.ndarray]:
     """float32[D] vectors of ``texts``, :data:`EMBED_CHUNK` per ``encode`` call.
 
     A call past the encoder's request deadline (``inference.deadline_ms``: a CPU
@@ -155,7 +163,7 @@ async def embed_all(encoder: TextEncoder, texts: list[str]) -> list[np.ndarray]:
     while len(out) < len(texts):
         chunk = texts[len(out):len(out) + size]
         try:
-            out.extend(await encoder.encode(chunk))
+            out.extend(await encoder.encode(chunk, prefix=prefix))
         except DeadlineExceeded as exc:
             if size == 1:
                 raise
@@ -172,7 +180,7 @@ class Retriever:
     """
 
     def __init__(self, kb: KnowledgeBase, encoder: TextEncoder, vectors: np.ndarray, owners: np.ndarray,
-                 example_vectors: dict[str, np.ndarray]):
+                 example_vectors: dict[str, np.ndarray], answer_vectors: np.ndarray):
         self.kb = kb
         self.scope = TopicScope(kb)  # which topics cover which populations and named diseases
         self.encoder = encoder
@@ -180,6 +188,8 @@ class Retriever:
         self.vectors = vectors          # float32[M, D], one row per example question / title
         self.owners = owners            # int32[M], topic index of each row
         self.example_vectors = example_vectors  # kind -> float32[E, D]
+        #: float32[topics * len(LANGS), D]: each topic's title and answer per language, e5 "passage: "
+        self.answer_vectors = answer_vectors
         #: "hybrid" (served), or "dense" / "bm25" alone for comparison (`healthbot eval --compare`)
         self.mode = "hybrid"
         # rows of each topic, padded with -1 into int64[topics, most examples] for top-k
@@ -213,10 +223,21 @@ class Retriever:
                     owners.append(i)
         return texts, owners
 
+    @staticmethod
+    def answer_texts(kb: KnowledgeBase) -> list[str]:
+        """Each topic's title and answer, per language (topic-major), as e5 passages."""
+        return [f"{t.title[lang]}\n{t.answer[lang]}" for t in kb.topics.values() for lang in LANGS]
+
+    def answer_scores(self, q: np.ndarray) -> np.ndarray:
+        """float32[topics]: the question's best cosine to each topic's answer (either language)."""
+        return (self.answer_vectors @ q).reshape(len(self.topic_ids), len(LANGS)).max(axis=1)
+
     def known_vectors(self) -> dict[str, np.ndarray]:
-        """Every embedded text's vector, to rebuild after an edit without re-embedding it."""
+        """Every embedded text's vector, to rebuild after an edit without re-embedding it
+        (answers are keyed ``"passage: " + text``: they were embedded as passages)."""
         texts, _ = self.example_texts(self.kb)
         known = dict(zip(texts, self.vectors))
+        known.update(zip((PASSAGE + t for t in self.answer_texts(self.kb)), self.answer_vectors))
         examples = yaml.safe_load(INTENT_EXAMPLES.read_text(encoding="utf-8"))
         for kind, vectors in self.example_vectors.items():
             known.update(zip(examples.get(kind, []), vectors))
@@ -236,19 +257,22 @@ class Retriever:
         n_kb = len(texts)
         for kind in kinds:
             texts += examples[kind]
-        key = hashlib.sha256((kb.digest + model_digest + INTENT_EXAMPLES.read_text(encoding="utf-8")).encode()
-                             ).hexdigest()[:16]
+        passages = [PASSAGE + t for t in cls.answer_texts(kb)]
+        key = hashlib.sha256((kb.digest + model_digest + INTENT_EXAMPLES.read_text(encoding="utf-8") + "/answers"
+                              ).encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"kb-vectors-{key}.npy" if cache_dir else None
         vectors = None
         if cache and cache.exists():
             vectors = np.load(cache)
-            if vectors.shape[0] != len(texts):
+            if vectors.shape[0] != len(texts) + len(passages):
                 vectors = None
         if vectors is None:
             known = dict(known or {})
             missing = list(dict.fromkeys(t for t in texts if t not in known))
             known.update(zip(missing, await embed_all(encoder, missing)))
-            vectors = np.stack([known[t] for t in texts]).astype(np.float32)
+            missing = [p for p in passages if p not in known]
+            known.update(zip(missing, await embed_all(encoder, [p[len(PASSAGE):] for p in missing], prefix=PASSAGE)))
+            vectors = np.stack([known[t] for t in texts + passages]).astype(np.float32)
             if cache:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npy")  # replicas may share engines/
@@ -258,7 +282,8 @@ class Retriever:
         for kind in kinds:
             example_vectors[kind] = vectors[at:at + len(examples[kind])]
             at += len(examples[kind])
-        return cls(kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32), example_vectors)
+        return cls(kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32), example_vectors,
+                   vectors[at:at + len(passages)])
 
     def _score(self, q: np.ndarray, text: str, exclude: int | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -324,7 +349,7 @@ class Retriever:
         cov = self.coverage(terms, t, minus if exclude is not None and own == t else None)
         if exclude is not None:
             hybrid = dense + LEXICAL_WEIGHT * saturated
-        return t, fit_features((hybrid, dense, best, saturated), t, q, centroid, cov)
+        return t, fit_features((hybrid, dense, best, saturated), t, q, centroid, cov, self.answer_scores(q))
 
     async def search(self, text: str, k: int = 3, context: str | None = None) -> SearchResult:
         """Top-``k`` topics for a normalized question, best first.
@@ -361,7 +386,8 @@ class Retriever:
         off_topic = max(beaten, key=nearest.__getitem__) if beaten else None  # the nearer kind wins
         best = int(order[0])
         fit = fit_features((hybrid, dense, best_single, lexical / (lexical + LEXICAL_SATURATION)), best, qs[-1],
-                           self.centroids[best], self.coverage(tokenize(texts[-1]), best))
+                           self.centroids[best], self.coverage(tokenize(texts[-1]), best),
+                           self.answer_scores(qs[-1]))
         return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit)
 
 

@@ -13,7 +13,9 @@ Features of a (question, topic) pair, float32[``N_SCORES`` + D] (bot/retrieval.p
 :func:`~bot.retrieval.fit_features`): the hybrid score, the dense score (mean of the two
 best cosines), the best single cosine, the saturated BM25 score, the margin to the best
 other topic, the cosine to the topic's centroid, how well the topic's words cover the
-question's terms (:meth:`~bot.retrieval.Retriever.coverage`), and the elementwise product of the
+question's terms (:meth:`~bot.retrieval.Retriever.coverage`), the question's cosine to the
+topic's answer text embedded as an e5 passage (what e5 was trained for: does this text
+answer this query?) and its margin over the best other topic's answer, and the elementwise product of the
 question vector and the centroid (D = 384), which lets the network learn which parts of
 the embedding a topic's subject lives in.
 
@@ -50,7 +52,7 @@ log = structlog.get_logger("healthbot.topic_fit")
 HIDDEN, ALPHA = (64,), 1e-2
 HELD_OUT, SEED = 0.2, 0
 #: Bumped when features or training change, so cached verifiers are not reused.
-FIT_VERSION = "2"
+FIT_VERSION = "3"
 #: decision_data labels that are never answered by a topic.
 NEGATIVE_INTENTS = ("no_answer", "refer_doctor", "out_of_scope")
 
