@@ -161,11 +161,14 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
         ``None`` for a question the knowledge base may answer.
     """
     view = normalize(text).text
-    rule = _first_rule(view)
+    rule = _first_rule(_NON_DRUG.sub(" ", view))
     return ScopeResult(reason=rule.reason, reply=refer_reply(rule.reason, lang, view)) if rule else None
 
 
 _MEDICINE = re.compile(f"{DRUG_ZH}|\\b{DRUG_EN}")
+#: Phrases asking for ways without a medicine (``non_drug`` in scope_rules.yaml): taken out
+#: before the medicine rules read the message.
+_NON_DRUG = re.compile(WORDS["non_drug"])
 
 
 #: Supplements the knowledge base answers (nutri.supplements): not "a named medicine".
@@ -176,7 +179,7 @@ def names_medicine(text: str) -> bool:
     """True when a normalized message names a medicine other than an everyday supplement
     (issue 20: a question about a named medicine goes to a doctor or pharmacist, never a
     self-care topic)."""
-    return bool(_MEDICINE.search(_SUPPLEMENTS.sub(" ", text)))
+    return bool(_MEDICINE.search(_SUPPLEMENTS.sub(" ", _NON_DRUG.sub(" ", text))))
 
 
 def has_medicine(text: str) -> bool:
