@@ -349,7 +349,10 @@ class Dispatcher:
                    min_confidence=self.cfg.knowledge.min_confidence,
                    scope_gap=self.retriever.scope.uncovered(norm.text, best.topic_id),
                    names_medicine=names_medicine(norm.text),
-                   topic_fit=self.topic_fit.probability(found.fit_features))
+                   # a follow-up ("那饮食上呢") was retrieved within the topic it follows; the verifier,
+                   # trained on whole questions, judges only questions that stand alone
+                   topic_fit=(self.topic_fit.probability(found.fit_features) if found.context_vector is None
+                              else best.confidence))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:

@@ -511,7 +511,7 @@ def outage(dispatcher, cfg):
     handoff = HandoffManager(store)
     handoff.console = True
     handoff.register("http", notify_user=notify)
-    return Dispatcher(cfg, dispatcher.retriever, dispatcher.head, handoff, store), store
+    return Dispatcher(cfg, dispatcher.retriever, dispatcher.head, dispatcher.topic_fit, handoff, store), store
 
 
 @pytest.mark.model
