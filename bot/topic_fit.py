@@ -52,7 +52,7 @@ log = structlog.get_logger("healthbot.topic_fit")
 HIDDEN, ALPHA = (64,), 1e-2
 HELD_OUT, SEED = 0.2, 0
 #: Bumped when features or training change, so cached verifiers are not reused.
-FIT_VERSION = "3"
+FIT_VERSION = "4"
 #: decision_data labels that are never answered by a topic.
 NEGATIVE_INTENTS = ("no_answer", "refer_doctor", "out_of_scope")
 
@@ -62,7 +62,7 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 
 def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
-    p = np.clip(p, 1e-12, 1 - 1e-12)
+    p = np.clip(p.astype(np.float64), 1e-12, 1 - 1e-12)  # float32 rounds 1 - 1e-12 to 1: log(0)
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
