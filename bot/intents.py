@@ -207,13 +207,15 @@ def intent_reply(intent: Intent, lang: str) -> str:
 
 
 _THANKS = re.compile(_DATA["thanks"]["pattern"])
+_THANKED = re.compile(_DATA["thanks"]["thanked"])
 
 
 def greeting_reply(text: str, lang: str) -> str:
     """The reply to a greeting: a warm short one for thanks, goodbyes and festive wishes
     (bot/intent_rules.yaml ``thanks``), else the introduction (:func:`intent_reply`)."""
     if _THANKS.search(text):
-        return _DATA["thanks"]["reply"]["zh" if lang == "zh" else "en"]
+        reply = "reply" if _THANKED.search(text) else "wishes_reply"  # "再见" is not thanked for
+        return _DATA["thanks"][reply]["zh" if lang == "zh" else "en"]
     return intent_reply(Intent.GREETING, lang)
 
 

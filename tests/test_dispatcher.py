@@ -341,7 +341,8 @@ async def test_questions_about_a_named_medicine_are_referred(dispatcher, q):
     assert reply.intent is Intent.REFER_DOCTOR and reply.topic is None
 
 
-@pytest.mark.parametrize("q, words", [("谢谢你 中秋快乐", "不客气"), ("thanks a lot, bye", "welcome")])
+@pytest.mark.parametrize("q, words", [("谢谢你 中秋快乐", "不客气"), ("thanks a lot, bye", "welcome"),
+                                      ("再见", "也祝您"), ("bye for now", "Best wishes")])  # not thanked: no "you're welcome"
 async def test_thanks_and_wishes_get_a_warm_short_reply_not_the_introduction(dispatcher, q, words):
     reply = await dispatcher.handle(text(q))
     assert reply.intent is Intent.GREETING and words in reply.text and "比如" not in reply.text
