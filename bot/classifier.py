@@ -127,23 +127,46 @@ class Network:
         return {k: getattr(self, k) for k in ("mean", "scale", "w1", "b1", "w2", "b2")}
 
 
-def _fit(x: np.ndarray, y: np.ndarray) -> Network:
-    """Train the network on x float32[N, D], labels y int[N] (every label of :data:`LABELS` present).
+def fit_network(x: np.ndarray, y: np.ndarray, hidden: tuple[int, ...], alpha: float) -> Network:
+    """Train a :class:`Network` on x float32[N, D], labels y int[N] (the decision head and the
+    topic-fit verifier, bot/topic_fit.py).
 
     scikit-learn's MLPClassifier (Adam, L2 ``alpha``, early stopping on a 10 % split, fixed
     seed): on the project's own files it beat a logistic regression on raw or standardized
     embeddings (answer recall 0.87 vs 0.63-0.86 on evals/safety.jsonl at equal or fewer false
-    alarms; bot/decision_data/README.md).
+    alarms; bot/decision_data/README.md). One output per label, or, with two labels, one
+    output: the logit of label 1.
     """
     from sklearn.neural_network import MLPClassifier  # training only: serving reads the cached arrays
 
     mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-6
-    model = MLPClassifier(HIDDEN, alpha=ALPHA, max_iter=300, early_stopping=True, random_state=SEED)
+    model = MLPClassifier(hidden, alpha=alpha, max_iter=300, early_stopping=True, random_state=SEED)
     model.fit((x - mean) / scale, y)
-    if list(model.classes_) != list(range(len(LABELS))):
-        raise ValueError(f"training data lacks labels: has {sorted(LABELS[c] for c in model.classes_)}")
     (w1, w2), (b1, b2) = model.coefs_, model.intercepts_
     return Network(*(np.asarray(a, dtype=np.float32) for a in (mean, scale, w1, b1, w2, b2)))
+
+
+def load_network(cache: Path) -> tuple[Network, float, dict]:
+    """(network, temperature, report) saved by :func:`save_network`."""
+    saved = np.load(cache)
+    net = Network(*(saved[k] for k in ("mean", "scale", "w1", "b1", "w2", "b2")))
+    return net, float(saved["temperature"]), json.loads(str(saved["report"]))
+
+
+def save_network(cache: Path, net: Network, temperature: float, report: dict) -> None:
+    """Write ``cache`` atomically (replicas may share the folder: a temporary file, then a rename)."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, temperature=temperature, report=json.dumps(report), **net.arrays())
+    tmp.replace(cache)
+
+
+def _fit(x: np.ndarray, y: np.ndarray) -> Network:
+    """The head's network on x float32[N, D], labels y int[N] (every label of :data:`LABELS` present)."""
+    net = fit_network(x, y, HIDDEN, ALPHA)
+    if net.w2.shape[1] != len(LABELS):
+        raise ValueError(f"training data lacks labels: has {sorted(LABELS[c] for c in np.unique(y))}")
+    return net
 
 
 def fit_head(x: np.ndarray, y: np.ndarray) -> tuple[Network, float, dict]:
@@ -208,9 +231,7 @@ class DecisionHead:
                              ).hexdigest()[:16]
         cache = Path(cache_dir) / f"decision-head-{key}.npz" if cache_dir else None
         if cache and cache.exists():
-            saved = np.load(cache)
-            net = Network(*(saved[k] for k in ("mean", "scale", "w1", "b1", "w2", "b2")))
-            head = cls(net, float(saved["temperature"]), json.loads(str(saved["report"])))
+            head = cls(*load_network(cache))
             log.info("decision_head", cached=True, **head.report)
             return head
         known = known if known is not None else {}  # updated in place: the caller may reuse the vectors
@@ -221,9 +242,6 @@ class DecisionHead:
         y = np.asarray([LABELS.index(label) for _, label in rows])
         net, temperature, report = fit_head(x, y)
         if cache:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")  # replicas may share the folder
-            np.savez(tmp, temperature=temperature, report=json.dumps(report), **net.arrays())
-            tmp.replace(cache)
+            save_network(cache, net, temperature, report)
         log.info("decision_head", cached=False, **report)
         return cls(net, temperature, report)

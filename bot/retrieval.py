@@ -285,9 +285,10 @@ class Retriever:
         return cls(kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32), example_vectors,
                    vectors[at:at + len(passages)])
 
-    def _score(self, q: np.ndarray, text: str, exclude: int | None = None
+    def _score(self, q: np.ndarray, terms: list[str], exclude: int | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(hybrid, dense, best single cosine, BM25) per topic, each float32[topics].
+        """(hybrid, dense, best single cosine, BM25) per topic, each float32[topics], for the
+        question vector ``q`` and its index terms (:func:`~bot.lexical.tokenize`).
 
         ``exclude``: an example row left out (training the topic-fit verifier leave-one-out).
         """
@@ -296,7 +297,7 @@ class Retriever:
             sims[exclude] = -1.0
         top = -np.partition(-sims[self._rows], DENSE_TOP_K - 1, axis=1)[:, :DENSE_TOP_K]
         dense = top.mean(axis=1)
-        lexical = np.asarray(self.bm25.scores(tokenize(text)), dtype=np.float32)
+        lexical = np.asarray(self.bm25.scores(terms), dtype=np.float32)
         if self.mode == "dense":
             hybrid = dense
         elif self.mode == "bm25":
@@ -334,21 +335,21 @@ class Retriever:
         ``topic``: the topic to describe (default: the best by hybrid score); ``exclude``:
         an example row left out of the index and of its topic's centroid (leave-one-out).
         """
-        hybrid, dense, best, lexical = self._score(q, text, exclude)
         terms = tokenize(text)
+        hybrid, dense, best, lexical = self._score(q, terms, exclude)
+        own, minus = None, None
         if exclude is not None:  # the example's own words leave its topic's BM25 document and centroid
-            own = int(self.owners[exclude])
-            minus = Counter(terms)
+            own, minus = int(self.owners[exclude]), Counter(terms)
             lexical[own] = self.bm25.score_without(terms, own, minus)
         saturated = lexical / (lexical + LEXICAL_SATURATION)
-        t = int(np.argmax(hybrid if exclude is None else dense + LEXICAL_WEIGHT * saturated)) if topic is None else topic
-        centroid = self.centroids[t]
-        if exclude is not None and own == t:
-            rest = self._sums[t] - self.vectors[exclude]
-            centroid = rest / max(float(np.linalg.norm(rest)), 1e-6)
-        cov = self.coverage(terms, t, minus if exclude is not None and own == t else None)
         if exclude is not None:
             hybrid = dense + LEXICAL_WEIGHT * saturated
+        t = int(np.argmax(hybrid)) if topic is None else topic
+        centroid = self.centroids[t]
+        if own == t:
+            rest = self._sums[t] - self.vectors[exclude]
+            centroid = rest / max(float(np.linalg.norm(rest)), 1e-6)
+        cov = self.coverage(terms, t, minus if own == t else None)
         return t, fit_features((hybrid, dense, best, saturated), t, q, centroid, cov, self.answer_scores(q))
 
     async def search(self, text: str, k: int = 3, context: str | None = None) -> SearchResult:
@@ -370,7 +371,8 @@ class Retriever:
         text = canonical_terms(text)
         texts = [text] if context is None else [f"{context} {text}", text]
         qs = await self.encoder.encode(texts)
-        parts = [self._score(q, t) for q, t in zip(qs, texts)]
+        terms = [tokenize(t) for t in texts]  # jieba once per text: BM25 and the coverage feature
+        parts = [self._score(q, ts) for q, ts in zip(qs, terms)]
         hybrid, dense, best_single, lexical = (np.mean([p[j] for p in parts], axis=0) for j in range(4))
         order = np.argsort(-hybrid)[: max(k, 2)]
         margin = float(hybrid[order[0]] - hybrid[order[1]]) if len(order) > 1 else 1.0
@@ -386,7 +388,7 @@ class Retriever:
         off_topic = max(beaten, key=nearest.__getitem__) if beaten else None  # the nearer kind wins
         best = int(order[0])
         fit = fit_features((hybrid, dense, best_single, lexical / (lexical + LEXICAL_SATURATION)), best, qs[-1],
-                           self.centroids[best], self.coverage(tokenize(texts[-1]), best),
+                           self.centroids[best], self.coverage(terms[-1], best),
                            self.answer_scores(qs[-1]))
         return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit)
 

@@ -36,21 +36,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import structlog
 
-from bot.classifier import DATA_DIR, Network, expected_calibration_error, query_text
+from bot.classifier import (DATA_DIR, HELD_OUT, SEED, Network, expected_calibration_error, fit_network,
+                            load_network, query_text, save_network)
 from bot.retrieval import Retriever, embed_all
 
 log = structlog.get_logger("healthbot.topic_fit")
 
 #: Hidden units and L2 strength (chosen on evals/blind-a, -b, -d and the dev set; bot/decision_data/README.md).
 HIDDEN, ALPHA = (64,), 1e-2
-HELD_OUT, SEED = 0.2, 0
 #: Bumped when features or training change, so cached verifiers are not reused.
 FIT_VERSION = "4"
 #: decision_data labels that are never answered by a topic.
@@ -97,22 +96,12 @@ def training_pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndar
     return np.stack(xs).astype(np.float32), np.asarray(ys)
 
 
-def _fit(x: np.ndarray, y: np.ndarray) -> Network:
-    from sklearn.neural_network import MLPClassifier  # training only
-
-    mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-6
-    model = MLPClassifier(HIDDEN, alpha=ALPHA, max_iter=300, early_stopping=True, random_state=SEED)
-    model.fit((x - mean) / scale, y)
-    (w1, w2), (b1, b2) = model.coefs_, model.intercepts_
-    return Network(*(np.asarray(a, dtype=np.float32) for a in (mean, scale, w1, b1, w2, b2)))
-
-
 def fit_verifier(x: np.ndarray, y: np.ndarray) -> tuple[Network, float, dict]:
     """Train on pairs ``x`` float32[N, F], ``y`` int[N] in {0, 1}; returns (network, temperature, held-out report)."""
     from sklearn.model_selection import train_test_split
 
     train, held = train_test_split(np.arange(len(y)), test_size=HELD_OUT, random_state=SEED, stratify=y)
-    logits = _fit(x[train], y[train]).logits(x[held])[:, 0]
+    logits = fit_network(x[train], y[train], HIDDEN, ALPHA).logits(x[held])[:, 0]
     temps = np.exp(np.linspace(np.log(0.25), np.log(4.0), 81))
     temperature = float(min(temps, key=lambda t: _log_loss(_sigmoid(logits / t), y[held])))
     raw, cal = _sigmoid(logits), _sigmoid(logits / temperature)
@@ -124,7 +113,7 @@ def fit_verifier(x: np.ndarray, y: np.ndarray) -> tuple[Network, float, dict]:
         "ece": {"raw": expected_calibration_error(two(raw), y[held]),
                 "calibrated": expected_calibration_error(two(cal), y[held])},
     }
-    return _fit(x, y), temperature, report
+    return fit_network(x, y, HIDDEN, ALPHA), temperature, report
 
 
 @dataclass(frozen=True)
@@ -154,9 +143,7 @@ class TopicFit:
         key = hashlib.sha256(f"{FIT_VERSION}/{model_digest}/{digest}/{HIDDEN}/{ALPHA}".encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"topic-fit-{key}.npz" if cache_dir else None
         if cache and cache.exists():
-            saved = np.load(cache)
-            fit = cls(Network(*(saved[k] for k in ("mean", "scale", "w1", "b1", "w2", "b2"))),
-                      float(saved["temperature"]), json.loads(str(saved["report"])))
+            fit = cls(*load_network(cache))
             log.info("topic_fit", cached=True, **fit.report)
             return fit
         known = known if known is not None else {}
@@ -166,9 +153,6 @@ class TopicFit:
         x, y = training_pairs(retriever, rows, [known[t] for t in texts])
         net, temperature, report = fit_verifier(x, y)
         if cache:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
-            np.savez(tmp, temperature=temperature, report=json.dumps(report), **net.arrays())
-            tmp.replace(cache)
+            save_network(cache, net, temperature, report)
         log.info("topic_fit", cached=False, **report)
         return cls(net, temperature, report)
