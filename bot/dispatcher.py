@@ -31,13 +31,15 @@ from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
 from bot.dedup import OnceCache
+from bot.follow_up import (ask_back_reply, facet_reply, is_bare_follow_up, is_follow_up, more_reply,
+                            read_follow_up)
 from bot.handoff import HandoffManager
 from bot.intents import (greeting_reply, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
                          drop_handoff_offer, intent_reply, is_abuse, is_end_handoff, rule_intent, unsupported_reply)
-from bot.knowledge import KnowledgeBase
+from bot.knowledge import KnowledgeBase, Topic
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
-from bot.session import Session, Sessions, is_follow_up
+from bot.session import Session, Sessions
 from bot.store import MemoryStore, Store, StoreError
 from bot.store.health import LocalCache, store_unavailable
 from bot.topic_fit import TopicFit
@@ -318,10 +320,16 @@ class Dispatcher:
         referral = care_team_reply(norm, lang)
         session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
                                             Session())
+        last = self.kb.topics.get(session.last_topic or "")
+        follow = read_follow_up(norm.text) if intent is None and scope is None and referral is None else None
+        if last is None and intent is None and scope is None and (follow or is_bare_follow_up(norm.text)):
+            return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}  # ask, don't guess
+        if follow is not None:  # "那饮食上呢": the topic in context answers, or says honestly it can't
+            return await self._follow_up(inbound, session, last, follow.facet, lang, out)
         context = None
-        if session.last_topic and session.last_topic in self.kb.topics and is_follow_up(norm.text):
+        if last is not None and (follow is not None or is_follow_up(norm.text)):
             # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
-            context = self.kb.topics[session.last_topic].title[lang]
+            context = last.title[lang]
         try:
             # Personal data (a phone number, an ID) says nothing about the question and pulls
             # the embedding toward "call me": retrieval and the head read it masked.
@@ -386,7 +394,11 @@ class Dispatcher:
             return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=d.fit,
                          handoff=True), notes
         topic = self.kb.topics[best.topic_id]
-        session.last_topic, session.no_answer_streak = topic.id, 0
+        if context is not None and topic is last and session.last_facet is None:
+            # the follow-up found the topic it follows: what else to ask, not the same answer again
+            return reply(more_reply(topic, lang), Intent.ANSWER, topic=topic.id,
+                         confidence=d.fit), {**notes, "follow_up": "more"}
+        session.last_topic, session.last_facet, session.no_answer_streak = topic.id, None, 0
         await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session),
                                   None)
         return reply(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=d.fit), notes
@@ -402,6 +414,22 @@ class Dispatcher:
             return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.HANDOFF), {"handoff": "store_unavailable",
                                                                           "decided_by": source}
         return out(intent_reply(Intent.HANDOFF, lang), Intent.HANDOFF, handoff=True), {"decided_by": source}
+
+    async def _follow_up(self, inbound: Inbound, session: Session, topic: Topic, facet: str | None, lang: str,
+                         out) -> tuple[Reply, dict]:
+        """``facet`` of the topic in context ("那饮食上呢"): its text, the topic that answers it, or an
+        honest "nothing specific here"; for "还有呢" (``None``) what else can be asked."""
+        if facet in topic.facet_topics:  # another topic is all about it
+            topic, facet = self.kb.topics[topic.facet_topics[facet]], None
+            body, found = topic.render(lang), True
+        else:
+            body, found = (more_reply(topic, lang), True) if facet is None else facet_reply(topic, facet, lang)
+        if found:
+            session.last_topic, session.last_facet = topic.id, facet
+            await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id,
+                                                                         session), None)
+        return (out(body, Intent.ANSWER if found else Intent.NO_ANSWER, topic=topic.id, confidence=1.0 if found else 0.0),
+                {"follow_up": facet or "more", "decided_by": "follow_up", **({} if found else {"facet": "missing"})})
 
     def _number(self, lang: str) -> str:
         return self.cfg.safety.emergency_number_zh if lang == "zh" else self.cfg.safety.emergency_number_en

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,18 @@ LANGS = ("zh", "en")
 FIELD_LIMITS: dict[str, dict[str, int]] = {
     "answer": {"zh": 260, "en": 700},
     "see_doctor": {"zh": 100, "en": 280},
+    "facet": {"zh": 220, "en": 600},
+}
+
+#: The facets a topic may add beside its main answer, with the heading each is shown
+#: under (docs/kb_schema.md). "When to see a doctor" is every topic's ``see_doctor``.
+FACETS: dict[str, dict[str, str]] = {
+    "causes": {"zh": "原因", "en": "Why it happens"},
+    "diet": {"zh": "饮食", "en": "Diet"},
+    "activity": {"zh": "运动和生活习惯", "en": "Exercise and daily habits"},
+    "elders": {"zh": "老年人", "en": "Older people"},
+    "children": {"zh": "儿童", "en": "Children"},
+    "pregnancy": {"zh": "孕期和哺乳期", "en": "Pregnancy and breastfeeding"},
 }
 
 CATALOGUE_PATH = Path(__file__).parent / "catalogue.yaml"
@@ -61,14 +73,29 @@ class Topic:
     see_doctor: dict[str, str]
     sources: tuple[Source, ...]
     file: str
+    #: facet name (a key of :data:`FACETS`) -> {"zh": text, "en": text}; may be empty
+    facets: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: facet name -> the id of another topic whose main answer is that facet
+    #: ("diet" of chronic.hypertension_lifestyle is chronic.hypertension_diet)
+    facet_topics: dict[str, str] = field(default_factory=dict)
 
-    def render(self, lang: str) -> str:
-        """The reply body in ``lang`` (answer, when to see a doctor, sources), no disclaimer."""
+    def render(self, lang: str, facet: str | None = None) -> str:
+        """The reply body in ``lang``, no disclaimer: the main answer, or ``facet``'s text under
+        its heading, then when to see a doctor and the sources.
+
+        Raises:
+            KeyError: ``facet`` is given and the topic has no such facet.
+        """
         names = "；".join(s.name[lang] for s in self.sources) if lang == "zh" else "; ".join(
             s.name[lang] for s in self.sources)
+        body = self.answer[lang]
+        if facet is not None:
+            heading = FACETS[facet][lang]
+            body = (f"【{self.title['zh']}·{heading}】{self.facets[facet]['zh']}" if lang == "zh"
+                    else f"{self.title['en']}, {heading.lower()}: {self.facets[facet]['en']}")
         if lang == "zh":
-            return f"{self.answer['zh']}\n【何时就医】{self.see_doctor['zh']}\n【来源】{names}"
-        return f"{self.answer['en']}\nWhen to see a doctor: {self.see_doctor['en']}\nSource: {names}"
+            return f"{body}\n【何时就医】{self.see_doctor['zh']}\n【来源】{names}"
+        return f"{body}\nWhen to see a doctor: {self.see_doctor['en']}\nSource: {names}"
 
 
 @dataclass(frozen=True)
@@ -144,16 +171,40 @@ def _parse_topic(file: str, index: int, raw: Any, category: str, problems: list[
             if not isinstance(backs, str) or not backs.strip():
                 problems.append(f"{where}: sources[{j}].backs: say which recommendation the source backs")
             sources.append(Source(name=name, backs=str(backs or "").strip()))
+    facets, facet_topics = _parse_facets(where, raw.get("facets"), problems)
     if len(problems) > n_before:
         return None
     topic = Topic(id=tid, category=category, reviewed=str(reviewed), title=title, questions=questions,
-                  answer=answer, see_doctor=see_doctor, sources=tuple(sources), file=file)
-    for lang in LANGS:
-        size = len(with_disclaimer(topic.render(lang), lang).encode("utf-8"))
-        if size > PASSIVE_TEXT_MAX_BYTES:
-            problems.append(f"{where}: rendered {lang} reply is {size} bytes, WeChat's passive reply "
-                            f"limit is {PASSIVE_TEXT_MAX_BYTES}")
+                  answer=answer, see_doctor=see_doctor, sources=tuple(sources), file=file, facets=facets,
+                  facet_topics=facet_topics)
+    for facet in (None, *facets):
+        for lang in LANGS:
+            size = len(with_disclaimer(topic.render(lang, facet), lang).encode("utf-8"))
+            if size > PASSIVE_TEXT_MAX_BYTES:
+                problems.append(f"{where}: rendered {lang} reply{f' (facet {facet})' if facet else ''} is {size} "
+                                f"bytes, WeChat's passive reply limit is {PASSIVE_TEXT_MAX_BYTES}")
     return topic
+
+
+def _parse_facets(where: str, raw: Any, problems: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The optional ``facets`` mapping: known names only, each bilingual within the facet limits
+    or ``{see: <topic id>}`` (another topic answers it). Returns (texts, topic references)."""
+    if raw is None:
+        return {}, {}
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: facets: not a mapping of facet name to zh/en texts")
+        return {}, {}
+    texts, refs = {}, {}
+    for name, value in raw.items():
+        if name not in FACETS:
+            problems.append(f"{where}: facets.{name}: unknown facet (known: {', '.join(FACETS)})")
+        elif isinstance(value, dict) and set(value) == {"see"} and isinstance(value["see"], str):
+            refs[name] = value["see"]
+        else:
+            text = _bilingual(where, value, f"facets.{name}", problems, FIELD_LIMITS["facet"])
+            if len(text) == len(LANGS):
+                texts[name] = text
+    return texts, refs
 
 
 def load_knowledge_base(kb_dir: Path = DEFAULT_KB_DIR) -> KnowledgeBase:
@@ -189,6 +240,8 @@ def load_knowledge_base(kb_dir: Path = DEFAULT_KB_DIR) -> KnowledgeBase:
                 problems.append(f"{path.name}: {topic.id}: duplicate id (also in {topics[topic.id].file})")
                 continue
             topics[topic.id] = topic
+    problems += [f"{t.file}: {t.id}: facets.{name}: see: no topic {ref!r}" for t in topics.values()
+                 for name, ref in t.facet_topics.items() if ref not in topics or ref == t.id]
     if problems:
         raise KnowledgeBaseError(problems)
     return KnowledgeBase(topics=topics, digest=h.hexdigest())

@@ -1,0 +1,182 @@
+"""Short follow-ups that ask for one facet of the topic in context.
+
+"失眠怎么调理" then "那饮食上呢" asks for the insomnia topic's diet facet; "老人呢" for what
+differs for older people; "还有呢" for more on the same topic. :func:`read_follow_up`
+reads such a message with the rules of ``bot/follow_up_rules.yaml`` (leads and tails
+stripped, then a facet cue inside a frame must make up the whole rest), and
+:func:`facet_reply` / :func:`more_reply` / :func:`ask_back_reply` write the answer:
+
+- the topic has the facet: its text under a heading, then "when to see a doctor" and the
+  sources (``Topic.render(lang, facet)``), never the main answer again;
+- the topic lacks it: an honest "no specific advice on this here", what it does have, and
+  for elders, children and pregnancy a doctor or pharmacist first;
+- no topic in context: ask what the user means instead of guessing.
+
+A message with more in it than a facet ("老人便秘怎么办") is not a follow-up here and is
+read on its own by retrieval. Facet names: :data:`bot.knowledge.FACETS` plus
+``see_doctor`` (every topic's "when to see a doctor").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from bot.knowledge import FACETS, Topic
+
+RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
+
+#: The "when to see a doctor" facet every topic has (its ``see_doctor`` field).
+SEE_DOCTOR = "see_doctor"
+#: Facets that differ by population: a missing one sends the user to a clinician first.
+POPULATION_FACETS = frozenset({"elders", "children", "pregnancy"})
+#: Longest message read as a facet follow-up, characters (longer ones stand alone).
+MAX_CHARS = 40
+#: Longest message read with the topic in context, characters.
+FOLLOW_UP_MAX_CHARS = 24
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What a short follow-up asks for: ``facet`` (a FACETS name or ``see_doctor``), or
+    ``None`` for "more on the same topic"."""
+
+    facet: str | None
+
+
+@dataclass(frozen=True)
+class _Rules:
+    leads: re.Pattern
+    tails: re.Pattern
+    facets: tuple[tuple[str, re.Pattern], ...]  # (facet, whole-remainder pattern), zh and en merged
+    more: re.Pattern
+    menu: dict[str, dict[str, str]]  # lang -> facet -> how the user can ask for it
+
+
+@lru_cache(maxsize=1)
+def _rules(path: Path = RULES_PATH) -> _Rules:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    facets = []
+    for name, cues in data["facets"].items():
+        if name != SEE_DOCTOR and name not in FACETS:
+            raise ValueError(f"{path.name}: facets.{name}: not a facet of bot.knowledge.FACETS")
+        frames = [frame.replace("{cue}", f"(?:{cues[lang]})") for lang in ("zh", "en")
+                  for frame in data["frames"][lang]]
+        facets.append((name, re.compile("(?:" + "|".join(frames) + ")")))
+    more = "|".join(f"(?:{data['more'][lang]})" for lang in ("zh", "en"))
+    return _Rules(leads=re.compile(data["leads"]), tails=re.compile(data["tails"]), facets=tuple(facets),
+                  more=re.compile(f"(?:{more})"), menu=data["menu"])
+
+
+def _remainder(text: str) -> tuple[str, bool]:
+    """``text`` without its lead and tail words, and whether a lead word was there."""
+    rules = _rules()
+    lead = rules.leads.match(text)
+    rest = text[lead.end():] if lead else text
+    rest = rules.tails.sub("", rest).strip()
+    return rest, bool(lead)
+
+
+def read_follow_up(text: str) -> FollowUp | None:
+    """The facet a short follow-up asks for, or ``None`` when ``text`` is not one.
+
+    Args:
+        text: the normalized message (Simplified Chinese, lowercase Latin).
+    """
+    text = text.strip().lower()
+    if not text or len(text) > MAX_CHARS:
+        return None
+    rest, led = _remainder(text)
+    rules = _rules()
+    if not rest:
+        return FollowUp(None) if led or text != rest else None
+    for name, pattern in rules.facets:
+        if pattern.fullmatch(rest):
+            return FollowUp(name)
+    if rules.more.fullmatch(rest):
+        return FollowUp(None)
+    return None
+
+
+def is_follow_up(text: str) -> bool:
+    """True for a short message that starts as a continuation ("那夏天呢", "what about at night?"):
+    retrieval reads it together with the topic in context."""
+    text = text.strip().lower()
+    return len(text) <= FOLLOW_UP_MAX_CHARS and bool(_rules().leads.match(text))
+
+
+def is_bare_follow_up(text: str) -> bool:
+    """True for a lead word and a few words of context only ("那夏天呢", "what about at night?"):
+    with no topic in context there is nothing to read it against."""
+    text = text.strip().lower()
+    rest, led = _remainder(text)
+    if not led or len(text) > MAX_CHARS:
+        return False
+    words = rest.split()
+    return len(words) <= 2 if rest.isascii() else len(rest) <= 4
+
+
+def facet_reply(topic: Topic, facet: str, lang: str) -> tuple[str, bool]:
+    """The reply body for ``facet`` of ``topic`` and whether the topic has it.
+
+    Returns:
+        (body without disclaimer, True) when the topic has the facet (``see_doctor`` always);
+        (an honest "nothing specific here" with the facets it does have, False) otherwise.
+    """
+    if facet == SEE_DOCTOR:
+        return _see_doctor_reply(topic, lang), True
+    if facet in topic.facets:
+        return topic.render(lang, facet), True
+    label = FACETS[facet][lang]
+    title = topic.title[lang]
+    if lang == "zh":
+        body = f"关于「{title}」，这里没有专门针对「{label}」的建议，我不想随便说。"
+        if facet in POPULATION_FACETS:
+            body += f"{label}的情况可能和一般成人不同，用任何方法前请先问医生或药师。"
+    else:
+        body = f"On \u201c{title}\u201d I have no specific advice for {label.lower()}, and I'd rather not guess."
+        if facet in POPULATION_FACETS:
+            body += f" Things can be different for {label.lower()}: ask a doctor or pharmacist before trying anything."
+    return f"{body}\n{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}", False
+
+
+def more_reply(topic: Topic, lang: str) -> str:
+    """What else the user can ask about ``topic`` (its facets), instead of the same answer again."""
+    if lang == "zh":
+        head = f"关于「{topic.title['zh']}」，上面是主要的建议。"
+    else:
+        head = f"That was the main advice on \u201c{topic.title['en']}\u201d."
+    return f"{head}\n{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}"
+
+
+def ask_back_reply(lang: str) -> str:
+    """A follow-up with no topic in context: ask what the user means."""
+    if lang == "zh":
+        return "您是接着问哪个问题呢？我这边没有看到前面的话题。请把问题完整说一下，比如「失眠怎么调理」「高血压饮食要注意什么」。"
+    return ("Which question are you following up on? I don't have the earlier topic. Please ask in full, "
+            "for example \u201chow can I sleep better?\u201d or \u201cwhat should I eat with high blood pressure?\u201d")
+
+
+def _menu(topic: Topic, lang: str) -> str:
+    """The facets ``topic`` has, worded as the user can ask for them (rules' ``menu``)."""
+    menu = _rules().menu[lang]
+    asks = [menu[f] for f in FACETS if f in topic.facets] + [menu[SEE_DOCTOR]]
+    if lang == "zh":
+        return "还可以接着问：" + "、".join(f"「{a}」" for a in asks) + "。"
+    return "You can also ask: " + ", ".join(f"\u201c{a}\u201d" for a in asks)
+
+
+def _see_doctor_line(topic: Topic, lang: str) -> str:
+    return f"【何时就医】{topic.see_doctor['zh']}" if lang == "zh" else f"When to see a doctor: {topic.see_doctor['en']}"
+
+
+def _see_doctor_reply(topic: Topic, lang: str) -> str:
+    names = "；".join(s.name["zh"] for s in topic.sources) if lang == "zh" else "; ".join(
+        s.name["en"] for s in topic.sources)
+    if lang == "zh":
+        return f"【{topic.title['zh']}·何时就医】{topic.see_doctor['zh']}\n【来源】{names}"
+    return f"{topic.title['en']}, when to see a doctor: {topic.see_doctor['en']}\nSource: {names}"

@@ -1,0 +1,143 @@
+"""Follow-ups that ask for a facet of the topic in context (bot/follow_up.py), and the
+dispatcher's use of them with the real model and knowledge base."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bot.follow_up import facet_reply, is_bare_follow_up, more_reply, read_follow_up
+from bot.knowledge import FACETS, Source, Topic, load_knowledge_base
+from bot.types import Inbound, Intent, MessageKind
+
+
+@pytest.mark.parametrize("text, facet", [
+    ("那饮食上呢", "diet"), ("饮食呢", "diet"), ("那吃什么好呢", "diet"), ("有什么忌口的吗", "diet"),
+    ("那运动呢", "activity"), ("平时要注意什么", "activity"),
+    ("老人呢", "elders"), ("老人家能做吗", "elders"), ("七十多岁的老人呢", "elders"),
+    ("孩子能用吗", "children"), ("宝宝能吃吗", "children"), ("那5岁的孩子呢", "children"),
+    ("孕妇可以吗", "pregnancy"), ("怀孕了能泡吗", "pregnancy"), ("哺乳期可以喝吗", "pregnancy"),
+    ("为什么会这样", "causes"), ("是什么原因", "causes"),
+    ("什么时候要去医院", "see_doctor"), ("严重吗", "see_doctor"), ("挂什么科", "see_doctor"),
+    ("what about diet?", "diet"), ("what should I eat?", "diet"), ("what about exercise?", "activity"),
+    ("is it safe for kids?", "children"), ("and for the elderly?", "elders"), ("how about seniors", "elders"),
+    ("can pregnant women do it?", "pregnancy"), ("is this ok during pregnancy?", "pregnancy"),
+    ("why does this happen?", "causes"), ("when should I see a doctor?", "see_doctor"),
+    ("還有呢", None), ("还有什么", None), ("anything else?", None), ("tell me more", None),
+])
+def test_a_short_follow_up_reads_as_the_facet_it_asks_for(text, facet):
+    from safety.normalize import normalize
+    follow = read_follow_up(normalize(text).text)
+    assert follow is not None and follow.facet == facet
+
+
+@pytest.mark.parametrize("text", ["老人便秘怎么办", "孩子发烧38度5怎么办", "失眠怎么调理", "那如果是晚上睡不着怎么办",
+                                  "what about napping?", "hello", "谢谢", "my kid has a rash on his arms"])
+def test_a_question_of_its_own_is_not_a_facet_follow_up(text):
+    assert read_follow_up(text.lower()) is None
+
+
+def test_a_lead_word_and_a_word_or_two_is_a_bare_follow_up():
+    assert is_bare_follow_up("那夏天呢") and is_bare_follow_up("what about at night?")
+    assert not is_bare_follow_up("那如果是晚上睡不着怎么办") and not is_bare_follow_up("夏天呢")
+
+
+def _topic(**facets) -> Topic:
+    return Topic(id="t.demo", category="t", reviewed="2026-12-02", title={"zh": "示例", "en": "Demo"},
+                 questions={"zh": ["问"], "en": ["q"]}, answer={"zh": "主要建议。", "en": "Main advice."},
+                 see_doctor={"zh": "发烧不退请就医。", "en": "See a doctor for a lasting fever."},
+                 sources=(Source({"zh": "国家卫健委", "en": "NHC"}, "all"),), file="t.yaml", facets=facets)
+
+
+def test_a_facet_reply_is_the_facet_not_the_main_answer():
+    topic = _topic(diet={"zh": "多喝水，少油腻。", "en": "Drink water, eat light."})
+    body, found = facet_reply(topic, "diet", "zh")
+    assert found and "多喝水" in body and "主要建议" not in body and "【何时就医】发烧不退" in body and "国家卫健委" in body
+    body, found = facet_reply(topic, "diet", "en")
+    assert found and body.startswith("Demo, diet: Drink water") and "Main advice" not in body
+    body, found = facet_reply(topic, "see_doctor", "zh")
+    assert found and "发烧不退请就医" in body and "主要建议" not in body
+
+
+def test_a_missing_facet_is_said_honestly_with_what_the_topic_has():
+    topic = _topic(diet={"zh": "多喝水。", "en": "Drink water."})
+    body, found = facet_reply(topic, "pregnancy", "zh")
+    assert not found and "没有专门针对" in body and "医生或药师" in body and "「饮食呢」" in body
+    body, found = facet_reply(topic, "activity", "en")
+    assert not found and "no specific advice for exercise" in body and "pharmacist" not in body
+    assert "\u201cwhat about diet?\u201d" in body
+    assert "主要建议" not in more_reply(topic, "zh") and "「饮食呢」" in more_reply(topic, "zh")
+
+
+def test_every_facet_offered_in_a_reply_reads_back_as_that_facet():
+    topic = _topic(**{f: {"zh": "文字。", "en": "Text."} for f in FACETS})
+    for lang, quoted in (("zh", r"「([^」]+)」"), ("en", "\u201c([^\u201d]+)\u201d")):
+        offered = re.findall(quoted, more_reply(topic, lang).split("\n")[1])
+        assert len(offered) == len(FACETS) + 1
+        assert {read_follow_up(a.lower()).facet for a in offered} == {*FACETS, "see_doctor"}
+
+
+def test_facets_are_validated_and_may_point_to_another_topic(tmp_path):
+    (tmp_path / "t.yaml").write_text("""category: t
+topics:
+  - id: t.a
+    reviewed: "2026-12-02"
+    title: {zh: 甲, en: A}
+    questions: {zh: [问], en: [q]}
+    answer: {zh: 答, en: ans}
+    see_doctor: {zh: 就医, en: doctor}
+    sources: [{name: {zh: 源, en: src}, backs: all}]
+    facets:
+      diet: {see: t.b}
+      teeth: {zh: 牙, en: teeth}
+      elders: {zh: 老人, en: ""}
+  - id: t.b
+    reviewed: "2026-12-02"
+    title: {zh: 乙, en: B}
+    questions: {zh: [问], en: [q]}
+    answer: {zh: 答, en: ans}
+    see_doctor: {zh: 就医, en: doctor}
+    sources: [{name: {zh: 源, en: src}, backs: all}]
+    facets: {children: {see: t.nowhere}}
+""", encoding="utf-8")
+    from bot.knowledge import KnowledgeBaseError
+    with pytest.raises(KnowledgeBaseError) as err:
+        load_knowledge_base(tmp_path)
+    text = "\n".join(err.value.problems)
+    assert "facets.teeth: unknown facet" in text and "facets.elders.en: missing or empty" in text
+    assert "facets.children: see: no topic 't.nowhere'" in text
+
+
+def _msg(user: str, n: int, text: str) -> Inbound:
+    return Inbound("test", user, user, f"{user}-{n}", MessageKind.TEXT, text)
+
+
+async def test_a_follow_up_with_no_topic_in_context_asks_back(dispatcher):
+    for i, text in enumerate(["那饮食上呢", "孕妇呢", "what about exercise?", "那夏天呢"]):
+        reply = await dispatcher.handle(_msg(f"nocontext{i}", 1, text))
+        assert reply.intent is Intent.NO_ANSWER and reply.topic is None
+        assert "哪个问题" in reply.text or "Which question" in reply.text
+
+
+async def test_more_after_an_answer_offers_the_rest_and_never_repeats_it(dispatcher):
+    first = await dispatcher.handle(_msg("more1", 1, "失眠怎么调理"))
+    assert first.topic == "sleep.insomnia"
+    more = await dispatcher.handle(_msg("more1", 2, "还有呢"))
+    assert more.topic == "sleep.insomnia" and more.text != first.text
+    assert dispatcher.kb.topics["sleep.insomnia"].answer["zh"][:30] not in more.text
+    assert "【何时就医】" in more.text
+
+
+async def test_a_facet_follow_up_answers_the_facet_of_the_topic_in_context(dispatcher):
+    kb = dispatcher.kb
+    topic = next(t for t in kb.topics.values() if "diet" in t.facets and "elders" in t.facets)
+    first = await dispatcher.handle(_msg("facet1", 1, topic.questions["zh"][0]))
+    if first.topic != topic.id:  # the head may decline the first phrasing; the facets are what is tested
+        first = await dispatcher.handle(_msg("facet1", 2, topic.title["zh"]))
+    assert first.topic == topic.id
+    diet = await dispatcher.handle(_msg("facet1", 3, "那饮食上呢"))
+    assert diet.intent is Intent.ANSWER and diet.topic == topic.id
+    assert topic.facets["diet"]["zh"][:20] in diet.text and topic.answer["zh"][:20] not in diet.text
+    elders = await dispatcher.handle(_msg("facet1", 4, "老人呢"))
+    assert topic.facets["elders"]["zh"][:20] in elders.text
