@@ -31,8 +31,8 @@ from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
 from bot.dedup import OnceCache
-from bot.follow_up import (ask_back_reply, facet_reply, is_bare_follow_up, is_follow_up, more_reply,
-                            read_follow_up)
+from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, follows_topic, more_reply,
+                            plan_follow_up)
 from bot.handoff import HandoffManager
 from bot.intents import (greeting_reply, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
                          drop_handoff_offer, intent_reply, is_abuse, is_end_handoff, rule_intent, unsupported_reply)
@@ -321,15 +321,14 @@ class Dispatcher:
         session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
                                             Session())
         last = self.kb.topics.get(session.last_topic or "")
-        follow = read_follow_up(norm.text) if intent is None and scope is None and referral is None else None
-        if last is None and intent is None and scope is None and (follow or is_bare_follow_up(norm.text)):
-            return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}  # ask, don't guess
-        if follow is not None:  # "那饮食上呢": the topic in context answers, or says honestly it can't
-            return await self._follow_up(inbound, session, last, follow.facet, lang, out)
-        context = None
-        if last is not None and (follow is not None or is_follow_up(norm.text)):
-            # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
-            context = last.title[lang]
+        plan = (plan_follow_up(norm.text, last, self.retriever) if intent is None and scope is None
+                and referral is None else FollowUpPlan())
+        if plan.ask_back:  # a follow-up with nothing before it: ask, don't guess
+            return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}
+        if plan.facet is not None:  # "那饮食上呢": the topic in context answers, or says honestly it can't
+            return await self._follow_up(inbound, session, last, plan.facet.facet, lang, out)
+        # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
+        context = last.title[lang] if plan.with_context else None
         try:
             # Personal data (a phone number, an ID) says nothing about the question and pulls
             # the embedding toward "call me": retrieval and the head read it masked.
@@ -372,6 +371,11 @@ class Dispatcher:
                 body = f"{body}\n{net_line}"
             return out(body, intent, safety_net=net_ids, engine=engine, **kw)
 
+        # a cue inside a short message ("我外公快九十了 老人洗要注意啥"): the topic in context answers when
+        # nothing but the head's doubts stands against it and the message follows that topic
+        if plan.loose is not None and (d.intent in (Intent.ANSWER, Intent.NO_ANSWER) or d.source == "head" and d.intent in (
+                Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)) and follows_topic(plan, last, best, found.alone):
+            return await self._follow_up(inbound, session, last, plan.loose.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"
                     else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', self._number(lang), self._crisis_line(lang))[1]}")
@@ -416,14 +420,10 @@ class Dispatcher:
         return out(intent_reply(Intent.HANDOFF, lang), Intent.HANDOFF, handoff=True), {"decided_by": source}
 
     async def _follow_up(self, inbound: Inbound, session: Session, topic: Topic, facet: str | None, lang: str,
-                         out) -> tuple[Reply, dict]:
+                         out, hint: bool = False) -> tuple[Reply, dict]:
         """``facet`` of the topic in context ("那饮食上呢"): its text, the topic that answers it, or an
         honest "nothing specific here"; for "还有呢" (``None``) what else can be asked."""
-        if facet in topic.facet_topics:  # another topic is all about it
-            topic, facet = self.kb.topics[topic.facet_topics[facet]], None
-            body, found = topic.render(lang), True
-        else:
-            body, found = (more_reply(topic, lang), True) if facet is None else facet_reply(topic, facet, lang)
+        topic, facet, body, found = follow_up_reply(self.kb, topic, facet, lang, hint)
         if found:
             session.last_topic, session.last_facet = topic.id, facet
             await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id,

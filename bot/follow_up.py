@@ -26,7 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from bot.knowledge import FACETS, Topic
+from bot.knowledge import FACETS, KnowledgeBase, Topic
+from bot.retrieval import Match, Retriever
 
 RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
 
@@ -34,8 +35,10 @@ RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
 SEE_DOCTOR = "see_doctor"
 #: Facets that differ by population: a missing one sends the user to a clinician first.
 POPULATION_FACETS = frozenset({"elders", "children", "pregnancy"})
-#: Longest message read as a facet follow-up, characters (longer ones stand alone).
+#: Longest message read as a facet follow-up: characters, or words for Latin script
+#: (longer ones stand alone).
 MAX_CHARS = 40
+MAX_WORDS = 16
 #: Longest message read with the topic in context, characters.
 FOLLOW_UP_MAX_CHARS = 24
 
@@ -49,12 +52,74 @@ class FollowUp:
 
 
 @dataclass(frozen=True)
+class FollowUpPlan:
+    """How the dispatcher reads a message in a conversation (:func:`plan_follow_up`).
+
+    Attributes:
+        ask_back: a follow-up with no topic in context: ask what the user means.
+        facet: a short message that is only a facet cue ("老人呢"): answered from the topic in
+            context at once; ``FollowUp(None)`` for "还有呢".
+        loose: a short message with a facet cue and no subject of its own ("老人洗要注意啥 我外公快
+            九十了"): answered from the topic in context when the decision allows an answer and
+            either the message is short or retrieval agrees it is about that topic.
+        short: ``loose`` is short enough to follow the topic without retrieval agreeing.
+        with_context: retrieval reads the message together with the topic in context.
+    """
+
+    ask_back: bool = False
+    facet: FollowUp | None = None
+    loose: FollowUp | None = None
+    short: bool = False
+    with_context: bool = False
+
+
+#: A short message follows the topic in context without retrieval agreeing: characters, or
+#: words for Latin script.
+SHORT_CHARS = 14
+SHORT_WORDS = 8
+
+
+#: A short follow-up whose words alone retrieve another topic at least this confidently asks
+#: about that topic ("老人饮食要注意什么" after a head-bump answer is about older people's diet).
+ELSEWHERE_CONFIDENCE = 0.95
+
+
+def follows_topic(plan: FollowUpPlan, last: Topic, best: Match, alone: Match) -> bool:
+    """Whether a message with a facet cue (``plan.loose``) asks about the topic in context:
+    retrieval agrees (the best topic with or without the context is ``last``), or the message
+    is short and its words alone point nowhere else with confidence."""
+    if best.topic_id == last.id or alone.topic_id == last.id:
+        return True
+    return plan.short and alone.confidence < ELSEWHERE_CONFIDENCE
+
+
+def plan_follow_up(text: str, last: Topic | None, retriever: Retriever) -> FollowUpPlan:
+    """How to read ``text`` (normalized) given the topic answered last (``None``: none in the
+    last 30 minutes). A message that names a subject the topic never mentions ("老人便秘怎么办"
+    after insomnia: ``Retriever.new_subject``) is a question of its own."""
+    strict = read_follow_up(text)
+    if last is None:
+        return FollowUpPlan(ask_back=strict is not None or is_bare_follow_up(text))
+    if strict is not None:
+        return FollowUpPlan(facet=strict)
+    loose = read_loose_follow_up(text)
+    if loose is not None and retriever.new_subject(without_cues(text), last.id, _rules().generic) is None:
+        t = text.strip()
+        short = len(t.split()) <= SHORT_WORDS if t.isascii() else len(t) <= SHORT_CHARS
+        return FollowUpPlan(loose=loose, short=short, with_context=True)
+    return FollowUpPlan(with_context=is_follow_up(text))
+
+
+@dataclass(frozen=True)
 class _Rules:
     leads: re.Pattern
     tails: re.Pattern
     facets: tuple[tuple[str, re.Pattern], ...]  # (facet, whole-remainder pattern), zh and en merged
     more: re.Pattern
     menu: dict[str, dict[str, str]]  # lang -> facet -> how the user can ask for it
+    loose: tuple[tuple[str, re.Pattern], ...]  # (facet, cue anywhere), in the rules' loose_order
+    more_loose: re.Pattern
+    generic: frozenset[str]  # title words that name no subject (Retriever.new_subject)
 
 
 @lru_cache(maxsize=1)
@@ -69,7 +134,11 @@ def _rules(path: Path = RULES_PATH) -> _Rules:
         facets.append((name, re.compile("(?:" + "|".join(frames) + ")")))
     more = "|".join(f"(?:{data['more'][lang]})" for lang in ("zh", "en"))
     return _Rules(leads=re.compile(data["leads"]), tails=re.compile(data["tails"]), facets=tuple(facets),
-                  more=re.compile(f"(?:{more})"), menu=data["menu"])
+                  more=re.compile(f"(?:{more})"), menu=data["menu"],
+                  loose=tuple((name, re.compile("|".join(f"(?:{data['loose'][name][lang]})" for lang in ("zh", "en"))))
+                              for name in data["loose_order"]),
+                  more_loose=re.compile("|".join(f"(?:{data['more_loose'][lang]})" for lang in ("zh", "en"))),
+                  generic=frozenset(data["generic_words"]))
 
 
 def _remainder(text: str) -> tuple[str, bool]:
@@ -88,7 +157,7 @@ def read_follow_up(text: str) -> FollowUp | None:
         text: the normalized message (Simplified Chinese, lowercase Latin).
     """
     text = text.strip().lower()
-    if not text or len(text) > MAX_CHARS:
+    if not text or (len(text.split()) > MAX_WORDS if text.isascii() else len(text) > MAX_CHARS):
         return None
     rest, led = _remainder(text)
     rules = _rules()
@@ -100,6 +169,36 @@ def read_follow_up(text: str) -> FollowUp | None:
     if rules.more.fullmatch(rest):
         return FollowUp(None)
     return None
+
+
+def read_loose_follow_up(text: str) -> FollowUp | None:
+    """The facet a short message in a conversation asks for when a cue appears anywhere in it
+    ("老人洗要注意啥 我外公快九十了" -> elders, "should i still hit the gym?" -> activity), or a
+    request for more; ``None`` without a cue or for a long message. Whether it asks about the
+    topic in context or names a subject of its own is for retrieval to say (bot/dispatcher.py).
+
+    Args:
+        text: the normalized message (Simplified Chinese, lowercase Latin).
+    """
+    text = text.strip().lower()
+    if not text or (len(text.split()) > MAX_WORDS if text.isascii() else len(text) > MAX_CHARS):
+        return None
+    strict = read_follow_up(text)
+    if strict is not None:
+        return strict
+    rules = _rules()
+    for name, pattern in rules.loose:
+        if pattern.search(text):
+            return FollowUp(name)
+    return FollowUp(None) if rules.more_loose.search(text) else None
+
+
+def without_cues(text: str) -> str:
+    """``text`` with every facet and "more" cue blanked out: what is left names the subject, if any."""
+    rules = _rules()
+    for _, pattern in rules.loose:
+        text = pattern.sub(" ", text)
+    return rules.more_loose.sub(" ", text)
 
 
 def is_follow_up(text: str) -> bool:
@@ -120,17 +219,18 @@ def is_bare_follow_up(text: str) -> bool:
     return len(words) <= 2 if rest.isascii() else len(rest) <= 4
 
 
-def facet_reply(topic: Topic, facet: str, lang: str) -> tuple[str, bool]:
-    """The reply body for ``facet`` of ``topic`` and whether the topic has it.
+def facet_reply(topic: Topic, facet: str, lang: str, hint: bool = False) -> tuple[str, bool]:
+    """The reply body for ``facet`` of ``topic`` and whether the topic has it; ``hint`` adds
+    that it answers the earlier topic (for a follow-up read from a cue inside a longer message).
 
     Returns:
         (body without disclaimer, True) when the topic has the facet (``see_doctor`` always);
         (an honest "nothing specific here" with the facets it does have, False) otherwise.
     """
     if facet == SEE_DOCTOR:
-        return _see_doctor_reply(topic, lang), True
+        return _hinted(_see_doctor_reply(topic, lang), topic, lang, hint), True
     if facet in topic.facets:
-        return topic.render(lang, facet), True
+        return _hinted(topic.render(lang, facet), topic, lang, hint), True
     label = FACETS[facet][lang]
     title = topic.title[lang]
     if lang == "zh":
@@ -142,6 +242,20 @@ def facet_reply(topic: Topic, facet: str, lang: str) -> tuple[str, bool]:
         if facet in POPULATION_FACETS:
             body += f" Things can be different for {label.lower()}: ask a doctor or pharmacist before trying anything."
     return f"{body}\n{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}", False
+
+
+def follow_up_reply(kb: KnowledgeBase, topic: Topic, facet: str | None, lang: str, hint: bool = False
+                    ) -> tuple[Topic, str | None, str, bool]:
+    """(topic answered, facet shown, reply body, whether the topic had it) for ``facet`` of
+    ``topic``: its text, the whole answer of the topic a facet points to (``facet_topics``),
+    an honest "nothing specific here", or for ``None`` ("还有呢") what else can be asked."""
+    if facet in topic.facet_topics:  # another topic is all about it
+        other = kb.topics[topic.facet_topics[facet]]
+        return other, None, other.render(lang), True
+    if facet is None:
+        return topic, None, more_reply(topic, lang), True
+    body, found = facet_reply(topic, facet, lang, hint)
+    return topic, facet, body, found
 
 
 def more_reply(topic: Topic, lang: str) -> str:
@@ -168,6 +282,14 @@ def _menu(topic: Topic, lang: str) -> str:
     if lang == "zh":
         return "还可以接着问：" + "、".join(f"「{a}」" for a in asks) + "。"
     return "You can also ask: " + ", ".join(f"\u201c{a}\u201d" for a in asks)
+
+
+def _hinted(body: str, topic: Topic, lang: str, hint: bool) -> str:
+    if not hint:
+        return body
+    if lang == "zh":
+        return f"{body}\n（以上接着「{topic.title['zh']}」回答；想问别的，请把问题说完整。）"
+    return f"{body}\n(This follows on from \u201c{topic.title['en']}\u201d; for something else, please ask in full.)"
 
 
 def _see_doctor_line(topic: Topic, lang: str) -> str:

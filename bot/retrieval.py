@@ -102,6 +102,8 @@ class SearchResult:
         context_vector: float32[D] of ``context + question`` for a follow-up, else None.
         fit_features: float32[N_SCORES + D] of the best topic (:func:`fit_features`), which
             the topic-fit verifier (bot/topic_fit.py) reads.
+        alone: for a follow-up, the best topic of the question alone (without the context),
+            so the caller can tell a question of its own ("老人便秘怎么办") from a follow-up.
     """
 
     matches: list[Match]
@@ -110,7 +112,12 @@ class SearchResult:
     vector: np.ndarray | None = None
     context_vector: np.ndarray | None = None
     fit_features: np.ndarray | None = None
+    alone: Match | None = None
 
+
+#: A title word that at most this many topics use in their titles and example questions
+#: names a subject (:meth:`Retriever.new_subject`).
+SUBJECT_TOPICS = 12
 
 #: Scores ahead of the vector product in :func:`fit_features`.
 N_SCORES = 11
@@ -211,6 +218,15 @@ class Retriever:
             docs.append(tokenize(text.lower()))
         self.bm25 = BM25(docs)
         self._top_idf = max(self.bm25.idf.values(), default=1.0)
+        # the words a topic's title and example questions use: a follow-up that names a
+        # subject outside them asks about something else (:meth:`new_subject`)
+        self.topic_words = [set(tokenize(" ".join(kb.topics[tid].title[lang] + " " + " ".join(kb.topics[tid].questions[lang])
+                                                  for lang in LANGS).lower())) for tid in self.topic_ids]
+        # the words that name a subject: those of the topics' titles that few topics' titles
+        # and questions use (at most SUBJECT_TOPICS)
+        spread = Counter(w for words in self.topic_words for w in words)
+        self.subject_words = {w for tid in self.topic_ids for lang in LANGS
+                              for w in tokenize(kb.topics[tid].title[lang].lower()) if spread[w] <= SUBJECT_TOPICS}
 
     @staticmethod
     def example_texts(kb: KnowledgeBase) -> tuple[list[str], list[int]]:
@@ -306,6 +322,24 @@ class Retriever:
             hybrid = dense + LEXICAL_WEIGHT * lexical / (lexical + LEXICAL_SATURATION)
         return hybrid, dense, top.max(axis=1), lexical
 
+    def new_subject(self, text: str, topic_id: str, generic: frozenset[str] = frozenset()) -> str | None:
+        """A word of ``text`` that names a subject (a word of some topic's title that few topics
+        use: :data:`SUBJECT_TOPICS`) that the title and example questions of topic ``topic_id``
+        never use, else None: "便秘" in "老人便秘怎么办" after an insomnia answer.
+
+        Args:
+            text: the normalized message with the follow-up cues blanked out
+                (bot/follow_up.py ``without_cues``).
+            generic: title words that name no subject ("方法", "problem"); single Chinese
+                characters and Latin words under three letters never count.
+        """
+        words = self.topic_words[self.topic_ids.index(topic_id)]
+        for term in tokenize(canonical_terms(text)):
+            if (term in self.subject_words and term not in generic and len(term) >= (3 if term.isascii() else 2)
+                    and term not in words):
+                return term
+        return None
+
     def coverage(self, terms: list[str], topic: int, minus: Counter | None = None) -> tuple[float, float, float]:
         """How well a topic's words cover a question's index terms.
 
@@ -390,7 +424,14 @@ class Retriever:
         fit = fit_features((hybrid, dense, best_single, lexical / (lexical + LEXICAL_SATURATION)), best, qs[-1],
                            self.centroids[best], self.coverage(terms[-1], best),
                            self.answer_scores(qs[-1]))
-        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit)
+        alone = None
+        if context is not None:
+            scores = parts[-1][0]
+            top = np.argsort(-scores)[:2]
+            conf = confidence(float(scores[top[0]]), float(scores[top[0]] - scores[top[1]]) if len(top) > 1 else 1.0)
+            alone = Match(self.topic_ids[top[0]], float(scores[top[0]]), float(parts[-1][1][top[0]]),
+                          float(parts[-1][3][top[0]]), conf)
+        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, alone)
 
 
 def confidence(score: float, margin: float) -> float:

@@ -1,0 +1,126 @@
+"""Scoring of two-turn conversations whose second turn asks for a facet (issue 24's test set).
+
+A labelled file (``evals/follow_ups.jsonl``) holds one conversation a line: ``turns`` (the
+question, then a short follow-up), ``lang``, ``topic`` (the catalogue id the question belongs
+to) and ``facet`` (a facet of bot/knowledge.FACETS, ``see_doctor``, or ``more``). Each
+conversation runs through the dispatcher as one user; the second reply is judged by what
+it contains:
+
+- ``facet_given``: the facet's own text (``see_doctor``: the topic's when-to-see-a-doctor text
+  without its main answer; ``more``: a reply that is not the first answer again), for the
+  topic the first turn was answered with;
+- ``honest_missing``: the topic lacks the facet and the reply says so;
+- ``repeated``: the second reply is the first one word for word (never wanted).
+
+Figures: share of conversations whose first turn got the labelled topic, share whose
+second turn got the facet's text (end to end, and among first turns answered on topic
+with a topic that has the facet), honest replies for missing facets, repeats.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from bot.dispatcher import Dispatcher
+from bot.follow_up import SEE_DOCTOR
+from bot.types import Inbound, Intent, MessageKind
+from safety.normalize import to_simplified
+
+#: Characters of a text that identify it inside a reply (its start; replies add headings around it).
+PROBE_CHARS = 24
+
+
+@dataclass
+class FollowUpResult:
+    """Counts over a conversation file; :meth:`summary` gives the shares."""
+
+    conversations: int = 0
+    first_on_topic: int = 0
+    facet_exists: int = 0          # first turn on topic and the topic has the facet asked for
+    facet_given: int = 0           # the second reply carries the facet's text (any first topic)
+    facet_given_on_topic: int = 0  # ... among facet_exists
+    honest_missing: int = 0        # the topic lacks the facet and the reply says so
+    missing: int = 0               # first turn answered with a topic that lacks the facet
+    repeated: int = 0
+    misses: list[dict] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """The figures as a dict (shares in 0..1)."""
+        n = max(self.conversations, 1)
+        return {
+            "conversations": self.conversations,
+            "first_turn_on_topic": self.first_on_topic / n,
+            "facet_given": self.facet_given / n,
+            "facet_given_when_on_topic_and_present": self.facet_given_on_topic / max(self.facet_exists, 1),
+            "on_topic_with_facet": self.facet_exists,
+            "missing_facet_said_honestly": self.honest_missing / max(self.missing, 1),
+            "missing_facet": self.missing,
+            "repeated_word_for_word": self.repeated,
+        }
+
+
+def _contains(reply_text: str, text: str) -> bool:
+    return to_simplified(text[:PROBE_CHARS]) in to_simplified(reply_text)
+
+
+def _has(topic, facet: str) -> bool:
+    return facet in (SEE_DOCTOR, "more") or facet in topic.facets or facet in topic.facet_topics
+
+
+def _given(dispatcher: Dispatcher, topic, facet: str, lang: str, first: str, second) -> bool:
+    if second.intent is not Intent.ANSWER:
+        return False
+    if facet == "more":
+        return second.text != first and not _contains(second.text, topic.answer[lang])
+    if facet == SEE_DOCTOR:
+        return _contains(second.text, topic.see_doctor[lang]) and not _contains(second.text, topic.answer[lang])
+    if facet in topic.facet_topics:
+        return _contains(second.text, dispatcher.kb.topics[topic.facet_topics[facet]].answer[lang])
+    return facet in topic.facets and _contains(second.text, topic.facets[facet][lang])
+
+
+async def evaluate_follow_ups(dispatcher: Dispatcher, rows: list[dict]) -> FollowUpResult:
+    """Run each conversation as its own user and score the second reply (module docstring)."""
+    res = FollowUpResult()
+    run = time.time_ns()
+    for i, row in enumerate(rows):
+        user = f"fu-{run}-{i}"
+        replies = []
+        for n, text in enumerate(row["turns"][:2]):
+            replies.append(await dispatcher.handle(Inbound("eval", user, user, f"{user}-{n}", MessageKind.TEXT, text)))
+        first, second = replies
+        res.conversations += 1
+        res.repeated += second.text == first.text
+        topic = dispatcher.kb.topics.get(first.topic or "")
+        on_topic = first.topic == row["topic"]
+        res.first_on_topic += on_topic
+        lang = first.lang if first.lang in ("zh", "en") else row["lang"]
+        given = topic is not None and _given(dispatcher, topic, row["facet"], lang, first.text, second)
+        res.facet_given += given
+        if topic is not None and not _has(topic, row["facet"]):
+            res.missing += 1
+            res.honest_missing += second.intent is Intent.NO_ANSWER and second.topic == topic.id
+        elif on_topic:
+            res.facet_exists += 1
+            res.facet_given_on_topic += given
+        if not given:
+            res.misses.append({"turns": row["turns"], "topic": row["topic"], "facet": row["facet"],
+                               "first_topic": first.topic, "second_intent": second.intent.value,
+                               "second": second.text[:80]})
+    return res
+
+
+def format_follow_up_report(res: FollowUpResult) -> str:
+    """The figures as lines of text."""
+    s = res.summary()
+    return "\n".join([
+        f"conversations                         {s['conversations']}",
+        f"first turn on the labelled topic      {s['first_turn_on_topic']:.1%}",
+        f"second turn got the facet's text      {s['facet_given']:.1%} (end to end)",
+        f"  when the first turn was on topic and the topic has the facet: "
+        f"{s['facet_given_when_on_topic_and_present']:.1%} of {s['on_topic_with_facet']}",
+        f"facet missing from the topic          {s['missing_facet']}, said honestly "
+        f"{s['missing_facet_said_honestly']:.1%}",
+        f"second reply = first word for word    {s['repeated_word_for_word']}",
+    ])
