@@ -332,7 +332,8 @@ class Dispatcher:
         try:
             # Personal data (a phone number, an ID) says nothing about the question and pulls
             # the embedding toward "call me": retrieval and the head read it masked.
-            found = await self.retriever.search(mask_pii(norm.text), context=context)
+            found = await self.retriever.search(mask_pii(norm.text), context=context,
+                                                context_topic=last.id if context else None)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
             # inference worker process is restarting). What the rules decided still goes out;
@@ -374,7 +375,7 @@ class Dispatcher:
         # a cue inside a short message ("我外公快九十了 老人洗要注意啥"): the topic in context answers when
         # nothing but the head's doubts stands against it and the message follows that topic
         if plan.loose is not None and (d.intent in (Intent.ANSWER, Intent.NO_ANSWER) or d.source == "head" and d.intent in (
-                Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)) and follows_topic(plan, last, best, found.alone):
+                Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)) and follows_topic(best.score, found.context_score):
             return await self._follow_up(inbound, session, last, plan.loose.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"

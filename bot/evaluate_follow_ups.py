@@ -10,7 +10,7 @@ it contains:
   without its main answer; ``more``: a reply that is not the first answer again), for the
   topic the first turn was answered with;
 - ``honest_missing``: the topic lacks the facet and the reply says so;
-- ``repeated``: the second reply is the first one word for word (never wanted).
+- ``repeated``: the second reply is the first answer word for word (never wanted).
 
 Figures: share of conversations whose first turn got the labelled topic, share whose
 second turn got the facet's text (end to end, and among first turns answered on topic
@@ -91,7 +91,7 @@ async def evaluate_follow_ups(dispatcher: Dispatcher, rows: list[dict]) -> Follo
             replies.append(await dispatcher.handle(Inbound("eval", user, user, f"{user}-{n}", MessageKind.TEXT, text)))
         first, second = replies
         res.conversations += 1
-        res.repeated += second.text == first.text
+        res.repeated += first.intent is Intent.ANSWER and second.text == first.text
         topic = dispatcher.kb.topics.get(first.topic or "")
         on_topic = first.topic == row["topic"]
         res.first_on_topic += on_topic

@@ -102,8 +102,8 @@ class SearchResult:
         context_vector: float32[D] of ``context + question`` for a follow-up, else None.
         fit_features: float32[N_SCORES + D] of the best topic (:func:`fit_features`), which
             the topic-fit verifier (bot/topic_fit.py) reads.
-        alone: for a follow-up, the best topic of the question alone (without the context),
-            so the caller can tell a question of its own ("老人便秘怎么办") from a follow-up.
+        context_score: for a follow-up, the hybrid score of the topic in context
+            (``context_topic``), so the caller can tell how far the best topic is ahead of it.
     """
 
     matches: list[Match]
@@ -112,12 +112,16 @@ class SearchResult:
     vector: np.ndarray | None = None
     context_vector: np.ndarray | None = None
     fit_features: np.ndarray | None = None
-    alone: Match | None = None
+    context_score: float | None = None
 
 
 #: A title word that at most this many topics use in their titles and example questions
 #: names a subject (:meth:`Retriever.new_subject`).
 SUBJECT_TOPICS = 12
+#: ... and a word in at least RECURRING example questions of a topic, used by at most
+#: RECURRING_TOPICS topics' titles and questions.
+RECURRING = 3
+RECURRING_TOPICS = 4
 
 #: Scores ahead of the vector product in :func:`fit_features`.
 N_SCORES = 11
@@ -227,6 +231,11 @@ class Retriever:
         spread = Counter(w for words in self.topic_words for w in words)
         self.subject_words = {w for tid in self.topic_ids for lang in LANGS
                               for w in tokenize(kb.topics[tid].title[lang].lower()) if spread[w] <= SUBJECT_TOPICS}
+        # ... and the words that some topic's example questions keep coming back to ("补肾"),
+        # used by few topics: a one-off phrase in one question names nothing
+        recurring = Counter((tid, w) for tid in self.topic_ids for lang in LANGS
+                            for q in kb.topics[tid].questions[lang] for w in set(tokenize(q.lower())))
+        self.subject_words |= {w for (_, w), n in recurring.items() if n >= RECURRING and spread[w] <= RECURRING_TOPICS}
 
     @staticmethod
     def example_texts(kb: KnowledgeBase) -> tuple[list[str], list[int]]:
@@ -386,7 +395,8 @@ class Retriever:
         cov = self.coverage(terms, t, minus if own == t else None)
         return t, fit_features((hybrid, dense, best, saturated), t, q, centroid, cov, self.answer_scores(q))
 
-    async def search(self, text: str, k: int = 3, context: str | None = None) -> SearchResult:
+    async def search(self, text: str, k: int = 3, context: str | None = None,
+                     context_topic: str | None = None) -> SearchResult:
         """Top-``k`` topics for a normalized question, best first.
 
         Args:
@@ -398,6 +408,8 @@ class Retriever:
                 it follows; topics are then scored by the mean of the scores of
                 ``context + text`` and of ``text`` alone, so the follow-up's own
                 words pick among the topics near the context.
+            context_topic: the id of the topic in context, whose score is reported
+                (``SearchResult.context_score``).
 
         Raises:
             inference.batcher.BusyError / DeadlineExceeded: the inference pool is overloaded.
@@ -424,14 +436,8 @@ class Retriever:
         fit = fit_features((hybrid, dense, best_single, lexical / (lexical + LEXICAL_SATURATION)), best, qs[-1],
                            self.centroids[best], self.coverage(terms[-1], best),
                            self.answer_scores(qs[-1]))
-        alone = None
-        if context is not None:
-            scores = parts[-1][0]
-            top = np.argsort(-scores)[:2]
-            conf = confidence(float(scores[top[0]]), float(scores[top[0]] - scores[top[1]]) if len(top) > 1 else 1.0)
-            alone = Match(self.topic_ids[top[0]], float(scores[top[0]]), float(parts[-1][1][top[0]]),
-                          float(parts[-1][3][top[0]]), conf)
-        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, alone)
+        context_score = float(hybrid[self.topic_ids.index(context_topic)]) if context_topic in self.topic_ids else None
+        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, context_score)
 
 
 def confidence(score: float, margin: float) -> float:

@@ -14,8 +14,12 @@ pytestmark = [pytest.mark.model, requires_model]
 _ids = itertools.count()
 
 
-def text(q: str, message_id: str | None = None, channel: str = "test") -> Inbound:
-    return Inbound(channel=channel, user_id="u1", chat_id="u1", message_id=message_id or f"m{next(_ids)}",
+def text(q: str, message_id: str | None = None, channel: str = "test", user: str | None = None) -> Inbound:
+    """A first message from a user of its own (no earlier topic to follow up on) unless ``user``
+    is given; a given ``message_id`` keeps user "u1", for channel retries."""
+    n = next(_ids)
+    user = user or ("u1" if message_id else f"u-{n}")
+    return Inbound(channel=channel, user_id=user, chat_id=user, message_id=message_id or f"m{n}",
                    kind=MessageKind.TEXT, text=q)
 
 
@@ -118,10 +122,10 @@ async def test_retried_message_is_computed_once(dispatcher, monkeypatch):
     calls = 0
     search = dispatcher.retriever.search
 
-    async def counting(q, k=3, context=None):
+    async def counting(q, k=3, context=None, context_topic=None):
         nonlocal calls
         calls += 1
-        return await search(q, k, context)
+        return await search(q, k, context, context_topic)
 
     monkeypatch.setattr(dispatcher.retriever, "search", counting)
     first, second, third = await asyncio.gather(*(dispatcher.handle(text("失眠怎么调理", "dup-1")) for _ in range(3)))
@@ -290,7 +294,7 @@ async def test_ending_a_handoff_by_text_gives_the_chat_back_to_the_bot(dispatche
     dispatcher.handoff.register(ch, notify_user=lambda session, message: asyncio.sleep(0))
 
     def say(q: str):
-        return dispatcher.handle(text(q, channel=ch))
+        return dispatcher.handle(text(q, channel=ch, user="u1"))
 
     try:
         started = await say("转人工")

@@ -141,3 +141,17 @@ async def test_a_facet_follow_up_answers_the_facet_of_the_topic_in_context(dispa
     assert topic.facets["diet"]["zh"][:20] in diet.text and topic.answer["zh"][:20] not in diet.text
     elders = await dispatcher.handle(_msg("facet1", 4, "老人呢"))
     assert topic.facets["elders"]["zh"][:20] in elders.text
+
+
+@pytest.mark.parametrize("name, floor", [("follow_ups.jsonl", 0.80), ("follow_ups_2.jsonl", 0.70)])
+async def test_the_follow_up_conversation_sets_get_the_facet_and_never_the_same_answer(dispatcher, name, floor):
+    """Two-turn conversations written blind from the catalogue (evals/README.md): the second turn
+    gets the facet's text, a facet the topic lacks is said honestly, no answer comes twice."""
+    import json
+    from pathlib import Path
+
+    from bot.evaluate_follow_ups import evaluate_follow_ups
+    rows = [json.loads(line) for line in (Path(__file__).parent.parent / "evals" / name).read_text().splitlines()]
+    s = (await evaluate_follow_ups(dispatcher, rows)).summary()
+    assert s["facet_given_when_on_topic_and_present"] >= floor, s
+    assert s["repeated_word_for_word"] == 0 and s["missing_facet_said_honestly"] == 1.0, s
