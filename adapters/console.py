@@ -11,6 +11,10 @@ compared in constant time (:func:`hmac.compare_digest`) with ``console.token``
 another origin cannot make the browser send it, so there is nothing to forge (no
 CSRF), and no CORS header is ever sent.
 
+The JSON API is at ``/api/v1/console/…`` (the versioned HTTP API, described in
+adapters/openapi.json) and, the same handlers, at ``/console/api/…`` (the page's own
+paths, kept):
+
 * ``GET  /console/api/handoffs`` — every active handoff of every channel, oldest
   first: ``{"handoffs": [{"ref", "channel", "label", "reason", "started_at",
   "last_activity", "turns", "last", "can_reply", "reply_note"}]}`` (times: UNIX s).
@@ -36,7 +40,8 @@ notifier sends the text with the bot; agents normally answer in their forum
 topic), a WeChat one cannot (WeChat's own customer-service tools hold it after
 ``transfer_customer_service``; the reply box says so).
 
-**Replies to HTTP-API users** — ``GET /api/messages?user_id=U[&wait=S]`` returns and
+**Replies to HTTP-API users** — ``GET /api/v1/messages?user_id=U[&wait=S]`` (alias
+``GET /api/messages``) returns and
 removes what agents sent to ``U`` since the last call: ``{"messages": [{"id",
 "from": "agent"|"system", "text", "at"}], "handoff": bool}`` (``handoff``: the user
 is still with an agent, so keep polling). ``wait`` (seconds, 0 to
@@ -71,7 +76,8 @@ from safety.normalize import normalize
 
 log = structlog.get_logger("healthbot.console")
 
-__all__ = ["setup_console", "HttpAgentRelay", "HttpOutbox", "handoff_ref", "CHANNEL", "OUTBOX_KEY"]
+__all__ = ["setup_console", "HttpAgentRelay", "HttpOutbox", "handoff_ref", "CHANNEL", "CONSOLE_API_PREFIXES",
+           "OUTBOX_KEY"]
 
 CHANNEL = "http"
 """The channel whose agents' tool this console is (adapters/http.py's ``Inbound.channel``)."""
@@ -111,6 +117,9 @@ REF_RE = re.compile(r"[0-9a-f]{24}")
 
 LAST_TURN_CHARS = 80
 """The list shows the last turn of each conversation cut to this many characters."""
+
+CONSOLE_API_PREFIXES = ("/api/v1/console", "/console/api")
+"""Where the console's JSON API answers: the versioned path, and the page's own (the same handlers)."""
 
 STATIC_DIR = Path(__file__).with_name("console_static")
 _STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
@@ -327,7 +336,8 @@ def setup_console(app: web.Application, cfg: Config, handoff: HandoffManager) ->
                                  headers={"Cache-Control": "no-store"},
                                  dumps=lambda o: json.dumps(o, ensure_ascii=False))
 
-    app.router.add_get("/api/messages", messages)
+    app.router.add_get("/api/v1/messages", messages)
+    app.router.add_get("/api/messages", messages)  # the alias from before the version
 
     # ---- the console
 
@@ -431,7 +441,8 @@ def setup_console(app: web.Application, cfg: Config, handoff: HandoffManager) ->
 
     app.router.add_get("/console", index)
     app.router.add_get("/console/static/{name}", asset)
-    app.router.add_get("/console/api/handoffs", guarded(list_handoffs))
-    app.router.add_get("/console/api/handoffs/{ref}", guarded(show))
-    app.router.add_post("/console/api/handoffs/{ref}/reply", guarded(reply))
-    app.router.add_post("/console/api/handoffs/{ref}/close", guarded(close))
+    for api in CONSOLE_API_PREFIXES:
+        app.router.add_get(f"{api}/handoffs", guarded(list_handoffs))
+        app.router.add_get(f"{api}/handoffs/{{ref}}", guarded(show))
+        app.router.add_post(f"{api}/handoffs/{{ref}}/reply", guarded(reply))
+        app.router.add_post(f"{api}/handoffs/{{ref}}/close", guarded(close))

@@ -1,4 +1,12 @@
-"""Plain HTTP JSON API: ``POST /api/chat`` (for the local web chat, tests and integrations).
+"""Plain HTTP JSON API, version 1: ``POST /api/v1/chat`` (for the local web chat, tests and
+integrations), and its description, ``GET /api/v1/openapi.json``.
+
+Paths: ``/api/v1/…`` is the versioned API; ``POST /api/chat`` (and ``GET /api/messages``,
+adapters/console.py) are aliases of the same handlers, kept for clients written before
+the version. The OpenAPI 3.1 document :data:`OPENAPI_FILE` (``adapters/openapi.json``,
+served as it is in the repository) describes the chat and messages API, the agent
+console's JSON API, ``/healthz``, ``/readyz``, ``/metrics`` and every error body;
+tests/test_api_v1.py validates it and checks the real server's answers against it.
 
 Request: ``{"text": str, "user_id": str (optional), "message_id": str (optional,
 a retry with the same id gets the same reply), "lang": "zh"|"en" (optional)}``.
@@ -7,7 +15,9 @@ without ``user_id`` gets a new random one (``anon-<32 hex>``), so callers who se
 none are never one shared user (one of them asking for a person would otherwise
 hand every other to that person); send it back to continue the conversation
 (follow-ups, a handoff, ``GET /api/messages``). A body that is not such a JSON
-object gets 400 with an ``error`` message.
+object gets 400 with an ``error`` message; a body over ``server.max_body_bytes`` gets
+413 (bot/admission/middleware.py). Every error is ``{"error": str}`` JSON
+(bot/http_errors.py), plus the fields named below.
 
 Admission (bot/admission/, when the app has one): the caller's address may send
 ``address_per_minute`` requests and ``address_tokens_per_minute`` estimated tokens
@@ -23,6 +33,7 @@ import asyncio
 import json
 import math
 import uuid
+from pathlib import Path
 
 from aiohttp import web
 
@@ -31,6 +42,12 @@ from bot.types import Inbound, MessageKind
 
 MAX_TEXT_CHARS = 2000  # longer questions are refused with 400; no channel sends more in one message
 MAX_ID_CHARS = 128  # user_id and message_id: longer ones are refused with 400
+
+API_V1 = "/api/v1"
+"""The versioned API's path prefix."""
+
+OPENAPI_FILE = Path(__file__).with_name("openapi.json")
+"""The OpenAPI 3.1 document of the HTTP API, served at ``GET /api/v1/openapi.json``."""
 
 
 def _dumps(obj) -> str:
@@ -45,7 +62,13 @@ def _too_many(what: str, wait_s: float) -> web.Response:
 
 
 def setup_http(app: web.Application, dispatcher) -> None:
-    """Add ``POST /api/chat`` to ``app``, answering through ``dispatcher.handle``."""
+    """Add ``POST /api/v1/chat`` (and its alias ``POST /api/chat``), answering through
+    ``dispatcher.handle``, and ``GET /api/v1/openapi.json`` to ``app``.
+
+    Raises:
+        FileNotFoundError: :data:`OPENAPI_FILE` is missing from the installation.
+    """
+    document = OPENAPI_FILE.read_bytes()
 
     async def chat(request: web.Request) -> web.Response:
         admission = request.app.get(ADMISSION_KEY)
@@ -107,4 +130,9 @@ def setup_http(app: web.Application, dispatcher) -> None:
             reply = work.result()
         return web.json_response({**reply.as_dict(), "user_id": inbound.user_id}, dumps=_dumps)
 
-    app.router.add_post("/api/chat", chat)
+    async def openapi(request: web.Request) -> web.Response:
+        return web.Response(body=document, content_type="application/json", charset="utf-8")
+
+    app.router.add_post(f"{API_V1}/chat", chat)
+    app.router.add_post("/api/chat", chat)  # the alias from before the version
+    app.router.add_get(f"{API_V1}/openapi.json", openapi)

@@ -16,11 +16,12 @@ from aiohttp import web
 from adapters.console import setup_console
 from adapters.http import setup_http
 from adapters.wechat import setup_wechat
-from bot import metrics
 from bot.admission import ADMISSION_KEY, Admission, GatedTCPSite, install, raise_fd_limit
 from bot.config import Config
 from bot.handoff import HandoffManager
+from bot.http_errors import json_errors_middleware
 from bot.logs import REQUEST_ID_HEADER, request_id_from_header
+from bot.metrics_endpoint import setup_metrics
 from bot.reload import watch_knowledge_base
 from bot.runtime import open_dispatcher
 from bot.store.health import check_store
@@ -150,9 +151,13 @@ async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
 
 
 def create_app(cfg: Config) -> web.Application:
-    """Build the app: ``GET/POST /wechat``, ``POST /api/chat``, ``GET /healthz``, ``GET /readyz``,
-    ``GET /metrics`` (Prometheus, bot/metrics.py), and ``POST /telegram`` when
-    ``telegram.token`` is set. Every response carries ``X-Request-Id``.
+    """Build the app: ``GET/POST /wechat``, the HTTP API (``POST /api/v1/chat``, ``GET
+    /api/v1/messages``, ``GET /api/v1/openapi.json``; ``/api/chat`` and ``/api/messages`` are
+    aliases: adapters/http.py), the agent console (adapters/console.py), ``GET /healthz``,
+    ``GET /readyz``, ``GET /metrics`` (Prometheus, bot/metrics.py; on ``server.metrics_port``
+    when set, behind ``server.metrics_token`` when set: bot/metrics_endpoint.py), and
+    ``POST /telegram`` when ``telegram.token`` is set. Every response carries ``X-Request-Id``;
+    every error is JSON, ``{"error": …}`` (bot/http_errors.py).
 
     The model, knowledge base and inference pool are loaded in the app's cleanup
     context (start-up) and drained on shutdown. Admission control (bot/admission/,
@@ -160,7 +165,8 @@ def create_app(cfg: Config) -> web.Application:
     middleware: the window on long questions, per-user and per-address budgets, held
     4xx answers for failing addresses, the body timeout, and the shutdown's drain deadline.
     """
-    app = web.Application(client_max_size=cfg.server.max_body_bytes, middlewares=[request_id_middleware])
+    app = web.Application(client_max_size=cfg.server.max_body_bytes,
+                          middlewares=[request_id_middleware, json_errors_middleware])
     app[CONFIG_KEY] = cfg
     # Admission control (bot/admission/) before the channels: its middleware, and its wait
     # for the messages being answered as the first shutdown step.
@@ -191,14 +197,9 @@ def create_app(cfg: Config) -> web.Application:
         status, body = await readiness(dispatcher.target, state)
         return web.json_response(body, status=status)
 
-    async def metrics_page(request: web.Request) -> web.Response:
-        """Every metric of bot/metrics.py in the Prometheus text format."""
-        body, content_type = metrics.render(request.headers.get("Accept"))
-        return web.Response(body=body, headers={"Content-Type": content_type})
-
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_page)
+    setup_metrics(app, cfg.server)  # after the model's cleanup context: a port of its own opens once loaded
     setup_http(app, dispatcher)
     setup_console(app, cfg, handoff)  # /console (agents), GET /api/messages, the http channel's relay
     setup_wechat(app, cfg, dispatcher, handoff=handoff)
@@ -325,7 +326,8 @@ async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = Fals
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         log.info("serving", host=cfg.server.host, port=cfg.server.port, shutdown_timeout_s=timeout_s,
-                 max_connections=admission.gate.cap if admission is not None else None)
+                 max_connections=admission.gate.cap if admission is not None else None,
+                 metrics_port=cfg.server.metrics_port or cfg.server.port)
         await stop.wait()
         log.info("shutdown_started", signal=received[0], timeout_s=timeout_s)
         if exit_watchdog:

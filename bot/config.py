@@ -2,7 +2,8 @@
 
 Triton-style: every serving knob lives here with a documented default and is
 validated at start-up; no other module reads the environment. Secrets (WeChat
-token, AES key and AppSecret, Telegram token) come only from the environment.
+token, AES key and AppSecret, Telegram token and secret, the console and metrics tokens)
+come only from the environment.
 
 Environment overrides: ``HEALTHBOT_<SECTION>_<KEY>`` (e.g.
 ``HEALTHBOT_INFERENCE_MAX_QUEUE_DELAY_MS=5``), plus the documented short names
@@ -37,6 +38,11 @@ class ServerConfig:
     ``serve``). Keep it below the platform's kill delay (Kubernetes'
     ``terminationGracePeriodSeconds`` defaults to 30 s, Docker's ``stop`` to 10 s);
     the default 8 s fits Docker's and covers WeChat's 4 s ``reply_budget_s`` drain.
+
+    ``metrics_port``: serve ``GET /metrics`` on this port of ``host`` alone (0 = on ``port``,
+    beside the API). ``metrics_token``: the bearer token every scrape must send (secret,
+    ``HEALTHBOT_SERVER_METRICS_TOKEN``; at least 16 characters); empty = open
+    (bot/metrics_endpoint.py).
     """
 
     host: str = "127.0.0.1"
@@ -46,6 +52,12 @@ class ServerConfig:
     user_rate_per_minute: float = 20.0
     user_burst: int = 8
     shutdown_timeout_s: float = 8.0
+    metrics_port: int = 0
+    metrics_token: str = ""
+
+
+#: Shortest accepted ``server.metrics_token``, characters (e.g. ``openssl rand -hex 24`` gives 48).
+MIN_METRICS_TOKEN_CHARS = 16
 
 
 @dataclass
@@ -212,7 +224,7 @@ _SECRET_ENV = {
     "HEALTHBOT_CONSOLE_TOKEN": ("console", "token"),
 }
 _SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key"), ("wechat", "appsecret"), ("telegram", "token"),
-                ("telegram", "secret"), ("console", "token")}
+                ("telegram", "secret"), ("console", "token"), ("server", "metrics_token")}
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -272,8 +284,7 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"config key 'inference.{key}': must be >= 1")
     if inf.max_queue_delay_ms < 0 or inf.deadline_ms <= 0:
         raise ConfigError("config key 'inference.max_queue_delay_ms' must be >= 0 and 'inference.deadline_ms' > 0")
-    if cfg.server.shutdown_timeout_s <= 0:
-        raise ConfigError("config key 'server.shutdown_timeout_s': must be > 0 seconds")
+    _validate_server(cfg.server)
     if not 0.0 < cfg.wechat.reply_budget_s < 5.0:
         raise ConfigError("config key 'wechat.reply_budget_s': must be between 0 and 5 s (WeChat waits 5 s)")
     if not 0.0 <= cfg.knowledge.min_confidence <= 1.0:
@@ -284,6 +295,20 @@ def _validate(cfg: Config) -> None:
     if cfg.decision.danger_net > cfg.decision.danger_full:
         raise ConfigError("config key 'decision.danger_net': must not exceed 'decision.danger_full'")
     _validate_admission(cfg.admission)
+
+
+def _validate_server(server: ServerConfig) -> None:
+    if server.shutdown_timeout_s <= 0:
+        raise ConfigError("config key 'server.shutdown_timeout_s': must be > 0 seconds")
+    for key in ("port", "metrics_port"):
+        if not 0 <= getattr(server, key) <= 65535:
+            raise ConfigError(f"config key 'server.{key}': must be a TCP port, 0-65535")
+    if server.metrics_port and server.metrics_port == server.port:
+        raise ConfigError("config key 'server.metrics_port': must differ from 'server.port' (0 = serve /metrics "
+                          "on server.port)")
+    if server.metrics_token and len(server.metrics_token) < MIN_METRICS_TOKEN_CHARS:
+        raise ConfigError(f"config key 'server.metrics_token': at least {MIN_METRICS_TOKEN_CHARS} characters "
+                          "(e.g. openssl rand -hex 24)")
 
 
 def _validate_admission(adm: AdmissionConfig) -> None:

@@ -1,8 +1,22 @@
-"""WeChat server API (outbound): the shared access token, customer-service text, the menu.
+"""WeChat server API (outbound): the shared access token, customer-service text, the menu
+(its file format and limits: :mod:`adapters.wechat.menu`).
 
-An aiohttp client for three endpoints of the official-account server API
+An aiohttp client for four endpoints of the official-account server API
 (:mod:`adapters.wechat.constants` names each with its documentation page):
-``/cgi-bin/token``, ``/cgi-bin/message/custom/send`` and ``/cgi-bin/menu/create``.
+``/cgi-bin/stable_token`` (:data:`STABLE_TOKEN_PATH`) and, as its fallback,
+``/cgi-bin/token``; ``/cgi-bin/message/custom/send`` and ``/cgi-bin/menu/create``.
+
+Which token endpoint: the stable one (获取稳定版接口调用凭据, ``POST`` JSON with
+``force_refresh: false``) by default: it answers the token that is current while it
+is valid, so another system that fetches one with the same AppID (a second server, a
+WeChat tool, a colleague's script) does not knock ours out, as every call of the
+classic ``/cgi-bin/token`` does; its tokens and the classic ones are independent. When
+the stable endpoint fails (no connection, no answer, an HTTP error, an answer that is
+not JSON or has no token, or an errcode such as -1 "system busy"), the token is fetched
+from ``/cgi-bin/token`` (logged as ``wechat_api.stable_token_failed``, counted in
+``stats["stable_token_fallbacks"]``). Not for an errcode about the account itself
+(:data:`STABLE_FINAL_ERRCODES`: wrong AppID or AppSecret, IP not whitelisted, quota
+spent), which the classic endpoint would answer the same way.
 
 The access token (获取 Access token: "建议公众号开发者使用中控服务器统一获取和刷新
 access_token … 不应该各自去刷新"): every fetch invalidates the previous token, so
@@ -40,10 +54,8 @@ import enum
 import json
 import os
 import socket
-import tomllib
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -51,6 +63,7 @@ import structlog
 
 from adapters.masking import mask_id
 from adapters.wechat import constants as wc
+from adapters.wechat.menu import load_menu, validate_menu
 from bot import metrics
 from bot.config import WechatConfig
 from bot.store import Store
@@ -58,6 +71,8 @@ from bot.store import Store
 log = structlog.get_logger("healthbot.wechat_api")
 
 __all__ = [
+    "STABLE_FINAL_ERRCODES",
+    "STABLE_TOKEN_PATH",
     "TOKEN_KEY",
     "TOKEN_LOCK_KEY",
     "SendOutcome",
@@ -74,9 +89,24 @@ TOKEN_LOCK_KEY = "wechat:access_token:lock"
 """Store key of the refresh lock (value: the holder's id)."""
 
 TOKEN_LOCK_TTL_S = 15.0
-"""Seconds a refresh lock lives: longer than one token call (``api_timeout_s``,
-default 5 s) so a slow fetch is not duplicated; short enough that a crashed holder
-blocks the others for at most this long."""
+"""Seconds a refresh lock lives: longer than a fetch (the stable endpoint, then perhaps
+the classic one: two calls of at most ``api_timeout_s``, default 5 s, each) so a slow
+fetch is not duplicated; short enough that a crashed holder blocks the others for at
+most this long."""
+
+STABLE_TOKEN_PATH = "/cgi-bin/stable_token"
+"""POST ``{"grant_type": "client_credential", "appid", "secret", "force_refresh": false}``
+(JSON; the secret is not in the URL) → ``{"access_token", "expires_in"}``, where
+``expires_in`` is what is left of the current token's lifetime, seconds. Source:
+获取稳定版接口调用凭据 (getStableAccessToken): "普通模式，access_token 有效期内重复调用该接口
+不会更新 access_token"; its tokens are isolated from ``/cgi-bin/token``'s."""
+
+STABLE_FINAL_ERRCODES = frozenset({40013, 40125, 40164, 40243, 41002, 41004, 45009})
+"""errcodes of the stable endpoint that are not worth a second try at ``/cgi-bin/token``:
+invalid AppID (40013), invalid or frozen AppSecret (40125, 40243), caller IP not in the
+whitelist (40164), AppID or secret missing (41002, 41004), daily quota spent (45009;
+falling back would spend the other quota and invalidate other systems' classic tokens).
+Source: 全局返回码说明."""
 
 TOKEN_WAIT_POLL_S = 0.05
 """Seconds between re-reads of the token key by workers waiting for the lock holder."""
@@ -238,9 +268,9 @@ class WechatApi:
         """The account's current access token, shared through the store.
 
         Reads ``wechat:access_token``; when it is absent, one caller (holder of
-        ``wechat:access_token:lock``) fetches it from ``/cgi-bin/token`` while the
-        others wait and re-read it. Waiting is bounded by ``lock_ttl_s`` + the API
-        timeout.
+        ``wechat:access_token:lock``) fetches it from ``/cgi-bin/stable_token`` (or, when
+        that fails, ``/cgi-bin/token``: module docstring) while the others wait and
+        re-read it. Waiting is bounded by ``lock_ttl_s`` + the API timeout.
 
         Raises:
             WechatApiError: the fetch failed (40013 bad appid, 40125 bad appsecret,
@@ -270,23 +300,41 @@ class WechatApi:
                                      "not stored one", wc.TOKEN_PATH)
             await asyncio.sleep(self.wait_poll_s)
 
-    async def _fetch_token(self) -> str:
-        params = {"grant_type": "client_credential", "appid": self.appid, "secret": self._secret}
-        out = await self._request("GET", wc.TOKEN_PATH, params)
+    async def _token_answer(self, method: str, path: str, params: dict[str, str],
+                            body: dict[str, Any] | None = None) -> tuple[str, int]:
+        """One token call → ``(access_token, expires_in seconds)``; a missing or nonsense
+        ``expires_in`` reads as the documented lifetime. Raises :class:`WechatApiError`."""
+        out = await self._request(method, path, params, body)
         token = str(out.get("access_token") or "")
         if not token:
-            raise WechatApiError(None, "answer without access_token", wc.TOKEN_PATH)
+            raise WechatApiError(None, "answer without access_token", path)
         try:
             expires_in = int(out.get("expires_in") or wc.ACCESS_TOKEN_TTL_S)
         except (TypeError, ValueError, OverflowError):
             expires_in = wc.ACCESS_TOKEN_TTL_S
         if not 0 < expires_in <= 24 * wc.ACCESS_TOKEN_TTL_S:  # nonsense: assume the documented lifetime
             expires_in = wc.ACCESS_TOKEN_TTL_S
+        return token, expires_in
+
+    async def _fetch_token(self) -> str:
+        """Fetch a token (stable endpoint, else the classic one) and store it for everyone."""
+        grant = {"grant_type": "client_credential", "appid": self.appid, "secret": self._secret}
+        path = STABLE_TOKEN_PATH
+        try:
+            token, expires_in = await self._token_answer("POST", path, {}, {**grant, "force_refresh": False})
+        except WechatApiError as exc:
+            if exc.errcode in STABLE_FINAL_ERRCODES:
+                raise
+            self.stats["stable_token_fallbacks"] += 1
+            log.warning("wechat_api.stable_token_failed", errcode=exc.errcode, error=exc.errmsg,
+                        hint=f"fetching the access token from {wc.TOKEN_PATH} instead")
+            path = wc.TOKEN_PATH
+            token, expires_in = await self._token_answer("GET", path, grant)
         ttl = max(expires_in - wc.TOKEN_REFRESH_MARGIN_S, expires_in / 2, 1)
         await self.store.set(TOKEN_KEY, token, ttl)
         self.stats["token_fetches"] += 1
         metrics.WECHAT_TOKEN_REFRESHES.inc()
-        log.info("wechat_api.token_fetched", expires_in_s=expires_in, shared_for_s=ttl)
+        log.info("wechat_api.token_fetched", endpoint=path, expires_in_s=expires_in, shared_for_s=ttl)
         return token
 
     async def invalidate_token(self, token: str) -> bool:
@@ -357,72 +405,3 @@ class WechatApi:
         validate_menu(menu)
         await self.call("POST", wc.MENU_CREATE_PATH, menu)
         log.info("wechat_api.menu_created", buttons=len(menu["button"]))
-
-
-# --------------------------------------------------------------------------- menu files
-
-_BUTTON_KEYS = {"click": "key", "view": "url", "scancode_push": "key", "scancode_waitmsg": "key",
-                "pic_sysphoto": "key", "pic_photo_or_album": "key", "pic_weixin": "key", "location_select": "key",
-                "media_id": "media_id", "article_id": "article_id", "article_view_limited": "article_id",
-                "miniprogram": "url"}
-
-
-def validate_menu(menu: Any) -> None:
-    """Check ``menu`` against the documented limits of 自定义菜单 / 创建接口.
-
-    At most :data:`~adapters.wechat.constants.MENU_MAX_BUTTONS` top-level buttons
-    with names of at most 16 bytes, each either with a ``type`` (and its ``key``,
-    ``url``, … field) or with 1–5 ``sub_button`` of names at most 60 bytes.
-
-    Raises:
-        ValueError: naming the offending button.
-    """
-    if not isinstance(menu, dict) or not isinstance(menu.get("button"), list) or not menu["button"]:
-        raise ValueError('menu must be an object with a non-empty "button" list')
-    buttons = menu["button"]
-    if len(buttons) > wc.MENU_MAX_BUTTONS:
-        raise ValueError(f"menu has {len(buttons)} top-level buttons; WeChat allows {wc.MENU_MAX_BUTTONS}")
-
-    def check(button: Any, where: str, max_name: int) -> None:
-        if not isinstance(button, dict) or not isinstance(button.get("name"), str) or not button["name"]:
-            raise ValueError(f"{where}: needs a non-empty string 'name'")
-        if len(button["name"].encode("utf-8")) > max_name:
-            raise ValueError(f"{where} {button['name']!r}: name over {max_name} bytes")
-        kind = button.get("type")
-        if kind not in _BUTTON_KEYS:
-            raise ValueError(f"{where} {button['name']!r}: type {kind!r} is not one of {sorted(_BUTTON_KEYS)}")
-        if not button.get(_BUTTON_KEYS[kind]):
-            raise ValueError(f"{where} {button['name']!r}: type {kind!r} needs {_BUTTON_KEYS[kind]!r}")
-
-    for i, button in enumerate(buttons, 1):
-        where = f"button {i}"
-        subs = button.get("sub_button") if isinstance(button, dict) else None
-        if subs:
-            if not isinstance(button.get("name"), str) or not button["name"]:
-                raise ValueError(f"{where}: needs a non-empty string 'name'")
-            if len(button["name"].encode("utf-8")) > wc.MENU_NAME_MAX_BYTES:
-                raise ValueError(f"{where} {button['name']!r}: name over {wc.MENU_NAME_MAX_BYTES} bytes")
-            if not isinstance(subs, list) or len(subs) > wc.MENU_MAX_SUB_BUTTONS:
-                raise ValueError(f"{where} {button['name']!r}: 1-{wc.MENU_MAX_SUB_BUTTONS} sub_button allowed")
-            for j, sub in enumerate(subs, 1):
-                check(sub, f"{where}.{j}", wc.MENU_SUB_NAME_MAX_BYTES)
-        else:
-            check(button, where, wc.MENU_NAME_MAX_BYTES)
-
-
-def load_menu(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a menu file: JSON (WeChat's own ``{"button": [...]}``) or TOML
-    (``[[button]]`` tables, ``[[button.sub_button]]`` under them), by extension
-    (``.toml``; anything else is read as JSON).
-
-    Raises:
-        ValueError: unreadable, not JSON/TOML, or breaking a limit (:func:`validate_menu`).
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-        menu = tomllib.loads(text) if p.suffix.lower() == ".toml" else json.loads(text)
-    except (OSError, ValueError) as exc:  # tomllib.TOMLDecodeError and JSONDecodeError are ValueErrors
-        raise ValueError(f"menu file {p}: {exc}") from None
-    validate_menu(menu)
-    return menu
