@@ -3,7 +3,7 @@ request and channel metrics here, the inference ones in inference/metrics.py (re
 
 ARCHITECTURE.md, "Operations". The metrics live on :data:`REGISTRY` (inference/metrics.py), a registry the
 application owns (not prometheus-client's process-global default one, which
-libraries may also write to); ``GET /metrics`` (bot/app.py) serves exactly this
+libraries may also write to); ``GET /metrics`` (bot/app.py, or its own port: bot/metrics_endpoint.py) serves exactly this
 registry in the Prometheus text format. Names follow the Prometheus naming
 guide (https://prometheus.io/docs/practices/naming/): a ``healthbot_`` prefix,
 base units (seconds, not ms), ``_total`` on counters (prometheus-client adds it).
