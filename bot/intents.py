@@ -61,6 +61,12 @@ _GREETING_RE = re.compile(
     + "|".join(sorted((re.escape(t) for t in GREETING_TOKENS + _GREETING_FILLER), key=len, reverse=True))
     + r")+$")
 
+_THANKS = re.compile(_DATA["thanks"]["pattern"])
+_THANKED = re.compile(_DATA["thanks"]["thanked"])
+_THANKED_AT_START = re.compile(r"^\W*(?:\w+\W+)?(?:" + _DATA["thanks"]["thanked"] + ")")
+_HELPED = re.compile(_DATA["thanks"]["feedback"]["helped"])
+_QUESTION = re.compile(_DATA["thanks"]["feedback"]["question"])
+
 # Asking for a person. The bare words match only as the whole message.
 HANDOFF_PATTERNS: tuple[str, ...] = _patterns(_DATA["handoff"])
 _HANDOFF_RE = tuple(re.compile(p) for p in HANDOFF_PATTERNS)
@@ -151,7 +157,14 @@ def care_team_reply(norm: Normalized, lang: str) -> tuple[str, str] | None:
 
 
 def _is_greeting(text: str) -> bool:
-    return bool(text) and len(text) <= 40 and bool(_GREETING_RE.match(text))
+    """The whole message is greeting tokens (at most 40 characters), or it thanks, says the advice
+    helped and asks nothing (``thanks.feedback``, at most 80 characters)."""
+    if not text:
+        return False
+    if len(text) <= 40 and _GREETING_RE.match(text):
+        return True
+    return (len(text) <= 80 and bool(_THANKED_AT_START.match(text)) and bool(_HELPED.search(text))
+            and not _QUESTION.search(text))
 
 
 def rule_intent(norm: Normalized) -> Intent | None:
@@ -206,8 +219,6 @@ def intent_reply(intent: Intent, lang: str) -> str:
     return zh if lang == "zh" else en
 
 
-_THANKS = re.compile(_DATA["thanks"]["pattern"])
-_THANKED = re.compile(_DATA["thanks"]["thanked"])
 
 
 def greeting_reply(text: str, lang: str) -> str:

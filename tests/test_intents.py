@@ -260,3 +260,16 @@ def test_every_department_example_gets_its_department(index):
     text = normalize(entry["example"]).text
     first = next(i for i, (pattern, _, _) in enumerate(DEPARTMENTS) if re.search(pattern, text))
     assert first == index, (entry["example"], DEPARTMENTS[first][1])
+
+
+@pytest.mark.parametrize("text, greeting", [
+    ("谢谢你 上次说的泡脚方法很管用 我妈这几天睡得好多了", True),
+    ("thanks, the tips worked, sleeping much better now", True),
+    ("谢谢医生，按你说的做好多了", True),
+    ("谢谢 我还是头疼得厉害", False),          # no news that it helped: read as a health message
+    ("谢谢 泡脚有用吗", False),                # a question
+    ("ok thanks it helped but how long should I keep doing it?", False),
+])
+def test_thanks_with_news_that_the_advice_helped_is_a_greeting_unless_it_asks(text, greeting):
+    from safety.normalize import normalize
+    assert (rule_intent(normalize(text)) is Intent.GREETING) is greeting
