@@ -287,8 +287,7 @@ def _see_doctor_line(topic: Topic, lang: str) -> str:
 
 
 def _see_doctor_reply(topic: Topic, lang: str) -> str:
-    names = "；".join(s.name["zh"] for s in topic.sources) if lang == "zh" else "; ".join(
-        s.name["en"] for s in topic.sources)
+    names = topic.source_names(lang)
     if lang == "zh":
         return f"【{topic.title['zh']}·何时就医】{topic.see_doctor['zh']}\n【来源】{names}"
     return f"{topic.title['en']}, when to see a doctor: {topic.see_doctor['en']}\nSource: {names}"

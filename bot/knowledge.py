@@ -58,6 +58,8 @@ class Source:
 
     name: dict[str, str]
     backs: str
+    #: backs only facets (``for: facets``): named under a facet's reply, not the main answer
+    for_facets: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,11 @@ class Topic:
     #: ("diet" of chronic.hypertension_lifestyle is chronic.hypertension_diet)
     facet_topics: dict[str, str] = field(default_factory=dict)
 
+    def source_names(self, lang: str, facets: bool = False) -> str:
+        """The sources' names in ``lang``, joined; those that back only facets when ``facets``."""
+        names = [s.name[lang] for s in self.sources if facets or not s.for_facets]
+        return ("；" if lang == "zh" else "; ").join(names)
+
     def render(self, lang: str, facet: str | None = None) -> str:
         """The reply body in ``lang``, no disclaimer: the main answer, or ``facet``'s text under
         its heading, then when to see a doctor and the sources.
@@ -86,8 +93,7 @@ class Topic:
         Raises:
             KeyError: ``facet`` is given and the topic has no such facet.
         """
-        names = "；".join(s.name[lang] for s in self.sources) if lang == "zh" else "; ".join(
-            s.name[lang] for s in self.sources)
+        names = self.source_names(lang, facets=facet is not None)
         body = self.answer[lang]
         if facet is not None:
             heading = FACETS[facet][lang]
@@ -170,7 +176,10 @@ def _parse_topic(file: str, index: int, raw: Any, category: str, problems: list[
             backs = s.get("backs")
             if not isinstance(backs, str) or not backs.strip():
                 problems.append(f"{where}: sources[{j}].backs: say which recommendation the source backs")
-            sources.append(Source(name=name, backs=str(backs or "").strip()))
+            scope = s.get("for")
+            if scope not in (None, "facets"):
+                problems.append(f"{where}: sources[{j}].for: only 'facets' (a source that backs facets only)")
+            sources.append(Source(name=name, backs=str(backs or "").strip(), for_facets=scope == "facets"))
     facets, facet_topics = _parse_facets(where, raw.get("facets"), problems)
     if len(problems) > n_before:
         return None

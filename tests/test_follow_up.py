@@ -155,3 +155,12 @@ async def test_the_follow_up_conversation_sets_get_the_facet_and_never_the_same_
     s = (await evaluate_follow_ups(dispatcher, rows)).summary()
     assert s["facet_given_when_on_topic_and_present"] >= floor, s
     assert s["repeated_word_for_word"] == 0 and s["missing_facet_said_honestly"] == 1.0, s
+
+
+def test_a_source_that_backs_only_facets_is_named_under_facets_not_the_main_answer():
+    from dataclasses import replace
+    topic = replace(_topic(children={"zh": "孩子另说。", "en": "Children differ."}),
+                    sources=(Source({"zh": "国家卫健委", "en": "NHC"}, "all"),
+                             Source({"zh": "儿童指南", "en": "Child guide"}, "children", for_facets=True)))
+    assert "儿童指南" not in topic.render("zh") and "Child guide" not in topic.render("en")
+    assert "儿童指南" in topic.render("zh", "children") and "国家卫健委" in topic.render("zh", "children")

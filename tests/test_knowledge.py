@@ -26,8 +26,11 @@ def test_every_topic_names_a_source_and_when_to_see_a_doctor():
     for topic in kb.topics.values():
         for lang in ("zh", "en"):
             text = topic.render(lang)
-            assert topic.sources and all(s.name[lang] in text for s in topic.sources)
+            own = [s for s in topic.sources if not s.for_facets]
+            assert own and all(s.name[lang] in text for s in own)
             assert ("何时就医" if lang == "zh" else "When to see a doctor") in text
+            for facet in topic.facets:  # a facet's reply names every source, its own included
+                assert all(s.name[lang] in topic.render(lang, facet) for s in topic.sources)
 
 
 def test_every_rendered_reply_fits_one_wechat_passive_reply():
