@@ -126,11 +126,17 @@ class KnowledgeConfig:
     ``kb_dir``: folder of topic YAML files (default: the packaged ``bot/kb``).
     ``min_confidence``: below this calibrated confidence the intent is ``no_answer``.
     ``reload_interval_s``: how often the server checks the files for edits (0 = never).
+    ``record_unanswered``: keep the questions answered with no_answer or refer_doctor, personal
+    data masked and without any user id, for ``healthbot report unanswered`` (bot/unanswered.py);
+    off by default (``HEALTHBOT_KNOWLEDGE_RECORD_UNANSWERED``). ``unanswered_retention_days``:
+    how long they are kept, days (each day's list expires that long after the day ends).
     """
 
     kb_dir: str = ""
     min_confidence: float = 0.5
     reload_interval_s: float = 2.0
+    record_unanswered: bool = False
+    unanswered_retention_days: int = 30
 
 
 @dataclass
@@ -289,6 +295,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("config key 'wechat.reply_budget_s': must be between 0 and 5 s (WeChat waits 5 s)")
     if not 0.0 <= cfg.knowledge.min_confidence <= 1.0:
         raise ConfigError("config key 'knowledge.min_confidence': must be in [0, 1]")
+    if not 1 <= cfg.knowledge.unanswered_retention_days <= 3650:
+        raise ConfigError("config key 'knowledge.unanswered_retention_days': must be 1-3650 days")
     for f in dataclasses.fields(cfg.decision):
         if not 0.0 <= getattr(cfg.decision, f.name) <= 1.0:
             raise ConfigError(f"config key 'decision.{f.name}': must be a probability in [0, 1]")

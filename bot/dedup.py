@@ -6,9 +6,10 @@ official-account docs, 接收普通消息: "微信服务器在五秒内收不到
 message still being computed in this process awaits the same computation, which is
 shielded: a retry's or a webhook's timeout never cancels it.
 
-Finished replies are kept in the store, not here (bot/dispatcher.py,
-``reply:<channel>:<id>``), so that a retry reaching another replica, or arriving after
-the computation ended, gets the same reply.
+A message is known by :func:`message_key` (channel, user, message id). Finished replies
+are kept in the store, not here (bot/dispatcher.py, ``reply:<channel>:<user>:<id>``), so
+that a retry reaching another replica, or arriving after the computation ended, gets the
+same reply.
 """
 
 from __future__ import annotations
@@ -16,7 +17,19 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
+from bot.types import Inbound
+
 T = TypeVar("T")
+
+
+def message_key(inbound: Inbound) -> str:
+    """``<channel>:<user>:<message id>``: one message's identity for exactly-once delivery.
+
+    A message id alone is chosen by the client (HTTP API) or unique only within a chat
+    (Telegram), so the channel's user id is part of the key: a second user who sends the
+    same id gets their own reply, never the first user's.
+    """
+    return f"{inbound.channel}:{inbound.user_id}:{inbound.message_id}"
 
 
 class OnceCache(Generic[T]):

@@ -30,7 +30,7 @@ from bot import metrics
 from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
-from bot.dedup import OnceCache
+from bot.dedup import OnceCache, message_key
 from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, follows_topic, more_reply,
                             plan_follow_up)
 from bot.handoff import HandoffManager
@@ -44,6 +44,7 @@ from bot.store import MemoryStore, Store, StoreError
 from bot.store.health import LocalCache, store_unavailable
 from bot.topic_fit import TopicFit
 from bot.types import Inbound, Intent, MessageKind, Reply
+from bot.unanswered import UnansweredRecorder
 from inference.batcher import BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
 from safety.disclaimer import with_disclaimer
@@ -86,16 +87,6 @@ VOICE_OFF_REPLY = {
 }
 
 
-def message_key(inbound: Inbound) -> str:
-    """``<channel>:<user>:<message id>``: one message's identity for exactly-once delivery.
-
-    A message id alone is chosen by the client (HTTP API) or unique only within a chat
-    (Telegram), so the channel's user id is part of the key: a second user who sends the
-    same id gets their own reply, never the first user's.
-    """
-    return f"{inbound.channel}:{inbound.user_id}:{inbound.message_id}"
-
-
 class Dispatcher:
     """Decides and composes the reply to each message, exactly once per message.
 
@@ -119,6 +110,7 @@ class Dispatcher:
         self.once: OnceCache[Reply] = OnceCache()
         #: Finished replies this process could not store (the store failed): dedup in memory.
         self.replies_here: LocalCache[str, str] = LocalCache()
+        self.unanswered = UnansweredRecorder(cfg.knowledge)  # knowledge.record_unanswered
 
     async def _without_store(self, operation: str, call: Awaitable[T], fallback: T) -> T:
         """``await call``; if the store fails, ``fallback`` instead: the reply is still computed and
@@ -219,7 +211,7 @@ class Dispatcher:
         The line (event ``reply``) carries ``request_id`` (bound here when the channel
         bound none), channel, intent, topic, confidence, engine, input length in
         characters, latency in ms, outcome and the decision's details; bot/logs.py masks
-        personal data in it.
+        personal data in it. A question the bot could not answer is recorded (bot/unanswered.py).
         """
         with ensure_request_id():
             metrics.REQUESTS_IN_FLIGHT.inc()
@@ -251,6 +243,7 @@ class Dispatcher:
                      intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
                      engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2),
                      outcome=outcome, **extra)
+            self.unanswered.record(self.store, inbound, reply, extra)  # in the background; never fails
             return reply
 
     async def _decide(self, inbound: Inbound) -> tuple[Reply, dict[str, Any]]:

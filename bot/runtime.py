@@ -80,6 +80,7 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None, *,
             yield dispatcher
         finally:
             await _drain(dispatcher, drain_deadline() if drain_deadline is not None else None)
+            await dispatcher.unanswered.flush(timeout_s=1.0)  # questions still being recorded (bot/unanswered.py)
     finally:
         await encoder.close()
         await store.close()

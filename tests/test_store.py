@@ -201,6 +201,21 @@ async def test_push_renews_the_lists_ttl_and_an_expired_list_is_empty(store):
     assert await store.pop_all("q") == ["d"]
 
 
+async def test_read_all_returns_the_list_oldest_first_and_leaves_it_in_place(store):
+    assert await store.read_all("unanswered:2026-01-01") == []
+    for text in ("first", "second", "第三"):
+        await store.push("unanswered:2026-01-01", text, ttl_s=60)
+    assert await store.read_all("unanswered:2026-01-01") == ["first", "second", "第三"]
+    assert await store.read_all("unanswered:2026-01-01") == ["first", "second", "第三"]  # not consumed
+    await store.set("a-string", "text")
+    assert await store.read_all("a-string") == []  # a string is not a list
+    await store.push("short", "x", ttl_s=0.1)
+    await asyncio.sleep(0.2)
+    assert await store.read_all("short") == []  # an expired list is gone
+    assert await store.pop_all("unanswered:2026-01-01") == ["first", "second", "第三"]
+    assert await store.read_all("unanswered:2026-01-01") == []
+
+
 async def test_concurrent_pushes_and_pops_lose_and_duplicate_nothing(store):
     producers, per_producer = 8, 40
     done = asyncio.Event()

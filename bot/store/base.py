@@ -53,6 +53,10 @@ class Store(Protocol):
         """Remove and return the whole list at ``key``, oldest first ([] if none)."""
         ...
 
+    async def read_all(self, key: str) -> list[str]:
+        """The whole list at ``key``, oldest first, left in place ([] if none, expired or a string)."""
+        ...
+
     async def ping(self) -> bool:
         """True if the backend answers; never raises."""
         ...

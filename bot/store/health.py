@@ -39,14 +39,16 @@ UNREACHABLE: Final = "unreachable"
 
 #: The ``operation`` label's values (a closed set): where a store call was given up on.
 OPERATIONS: Final = ("dedup", "rate_limit", "session_get", "session_save", "handoff_active", "handoff_relay",
-                     "handoff_start", "handoff_end", "handoff_agent_message", "transcript", "replay_check")
+                     "handoff_start", "handoff_end", "handoff_agent_message", "transcript", "replay_check",
+                     "unanswered")
 
 STORE_UNAVAILABLE: Final = Counter(
     "healthbot_store_unavailable",
     "Store calls that failed (Redis unreachable, disk full, read-only database, …) and were done "
     "without: the reply was still computed and delivered. By operation: dedup (claim or finished "
     "reply), rate_limit, session_get, session_save, handoff_active, handoff_relay, handoff_start, "
-    "handoff_end, handoff_agent_message, transcript.",
+    "handoff_end, handoff_agent_message, transcript, unanswered (recording a question the bot could "
+    "not answer, bot/unanswered.py).",
     ["operation"], registry=metrics.REGISTRY)
 for _operation in OPERATIONS:
     STORE_UNAVAILABLE.labels(operation=_operation)

@@ -69,6 +69,10 @@ class MemoryStore:
         self._values.pop(key, None)
         return list(items) if isinstance(items, list) else []
 
+    async def read_all(self, key: str) -> list[str]:
+        items = self._live(key)
+        return list(items) if isinstance(items, list) else []
+
     async def ping(self) -> bool:
         return True
 

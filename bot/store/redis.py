@@ -272,6 +272,15 @@ class RedisStore:
         """``LRANGE 0 -1`` + ``DEL`` in one Lua script: the list, oldest first ([] if none)."""
         return list(await self._call(self._pop_all(keys=[key])))
 
+    async def read_all(self, key: str) -> list[str]:
+        """``LRANGE 0 -1``: the list, oldest first, left in place ([] if none or not a list)."""
+        try:
+            return list(await self._call(self._client.lrange(key, 0, -1)))
+        except StoreError as e:
+            if isinstance(e.__cause__, ResponseError) and "WRONGTYPE" in str(e.__cause__):
+                return []
+            raise
+
     async def ping(self) -> bool:
         """True if Redis answers PING (False when unreachable; never raises)."""
         try:

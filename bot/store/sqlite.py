@@ -326,6 +326,13 @@ class SqliteStore:
             await conn.execute("DELETE FROM kv WHERE key = ?", (key,))
             return items
 
+    async def read_all(self, key: str) -> list[str]:
+        """The list at ``key``, oldest first, left in place ([] if absent, expired or a string); one read."""
+        rows = await self._read(
+            "SELECT items.value FROM kv JOIN items ON items.key = kv.key WHERE kv.key = ? AND kv.value IS NULL"
+            " AND (kv.expires IS NULL OR kv.expires > ?) ORDER BY items.id", (key, time.time()))
+        return [v for (v,) in rows]
+
     async def ping(self) -> bool:
         """True if the file answers a query (False when closed or broken; never raises)."""
         try:
