@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.model, requires_model]
 EVALS = Path(__file__).resolve().parent.parent / "evals"
 
 
-@pytest.mark.parametrize("name", ["blind-a.jsonl", "blind-b.jsonl", "blind-d.jsonl"])
+@pytest.mark.parametrize("name", ["blind-a.jsonl", "blind-b.jsonl", "blind-d.jsonl", "blind-h.jsonl", "blind-i.jsonl"])
 async def test_blind_batch_emergencies_are_all_caught_and_few_answers_are_confidently_wrong(dispatcher, name):
     res = await evaluate(dispatcher, read_labelled(EVALS / name), run=name)
     s = res.summary()
