@@ -338,7 +338,8 @@ def _corpus() -> list[str]:
     for path in sorted((REPO / "bot").rglob("*.yaml")):
         texts += list(strings(yaml.safe_load(path.read_text(encoding="utf-8"))))
     for path in sorted((REPO / "evals").glob("*.jsonl")):
-        texts += [json.loads(line)["q"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        texts += [t for row in rows for t in ([row["q"]] if "q" in row else row["turns"])]  # questions, conversations
     blocks = [(0x20, 0x250), (0x370, 0x530), (0x600, 0x700), (0x900, 0x980), (0xE00, 0xE80), (0x1100, 0x1200),
               (0x2000, 0x2800), (0x3000, 0x3100), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xF900, 0xFB00),
               (0xFF00, 0xFFEF), (0x1F300, 0x1F700), (0x20000, 0x20100)]
