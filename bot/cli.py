@@ -19,7 +19,16 @@
                                                create the official account's menu (/cgi-bin/menu/create)
     healthbot loadtest [--url http://127.0.0.1:PORT] [--users 200] [--seconds 60]
                        [--channel wechat|telegram] [--plot FILE.png] [--markdown FILE.md] [--json]
-                                               drive the running server's webhook (loopback only)
+                       [--rate R [--arrivals poisson|constant] [--ramp] [--p99-ms 200]]
+                       [--server-pid PID | --start-server]
+                                               drive the running server's webhook (loopback only);
+                                               closed loop, or open loop at R messages/s
+
+    healthbot report unanswered [--since 7d] [--top 20] [--json]
+                                               the questions the bot could not answer (recorded with
+                                               knowledge.record_unanswered), grouped, largest first,
+                                               with examples and the nearest topic
+    healthbot --version                        the installed version
 
 Global options: ``--config FILE``, ``--log-level DEBUG|INFO|WARNING|ERROR``,
 ``--log-format auto|json|console`` (bot/logs.py: JSON lines unless stderr is a terminal).
@@ -36,6 +45,7 @@ from pathlib import Path
 
 from bot.config import Config, ConfigError, load_config, redacted
 from bot.logs import LOG_FORMATS, config_secrets, configure_logging
+from bot.version import package_version
 
 
 def _ensure_model(cfg: Config) -> None:
@@ -214,26 +224,19 @@ async def _wechat(cfg: Config, args: argparse.Namespace) -> int:
 
 
 async def _loadtest(cfg: Config, args: argparse.Namespace) -> int:
-    from bot.loadtest import LoadtestConfig, format_markdown, format_report, run_loadtest, write_plot
-    run = LoadtestConfig(url=args.url or f"http://{cfg.server.host}:{cfg.server.port}", users=args.users,
-                         seconds=args.seconds, channel=args.channel, max_requests=args.max_requests,
-                         think_ms=args.think_ms, token=cfg.wechat.token, appid=cfg.wechat.appid,
-                         aes_key=cfg.wechat.aes_key, mode=cfg.wechat.mode, telegram_secret=cfg.telegram.secret)
-    try:
-        result = await run_loadtest(run, progress=lambda line: print(line, file=sys.stderr))
-        print(json.dumps(result.summary(), ensure_ascii=False) if args.json else format_report(result))
-        if args.plot:
-            print(f"plot: {write_plot(result, args.plot)}", file=sys.stderr)
-    except (ValueError, RuntimeError) as exc:
-        print(f"healthbot loadtest: {exc}", file=sys.stderr)
-        return 2
-    if args.markdown:
-        Path(args.markdown).write_text(format_markdown(result), encoding="utf-8")
-    return 1 if result.summary()["errors"] else 0
+    from bot.loadtest.cli import run_command
+    return await run_command(cfg, args)
+
+
+def cmd_report(cfg: Config, args: argparse.Namespace) -> int:
+    from bot.unanswered_report import run_report
+    return asyncio.run(run_report(cfg, args, ensure_model=lambda: _ensure_model(cfg)))
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="healthbot", description="Health and wellness question bot")
+    p.add_argument("--version", action="version", version=f"healthbot {package_version()}",
+                   help="print the installed version (package metadata, else pyproject.toml) and exit")
     p.add_argument("--config", help="TOML config file (default: $HEALTHBOT_CONFIG)")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
@@ -284,6 +287,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="FILE.png", help="write a latency plot (needs matplotlib)")
     s.add_argument("--markdown", metavar="FILE.md", help="write the summary as a Markdown table")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.add_argument("--rate", type=float, help="open loop: messages/s sent whatever the replies (latency from "
+                   "the scheduled send); without it the closed loop of --users")
+    s.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson", help="open loop: arrival process")
+    s.add_argument("--warmup", type=float, default=0.0, help="open loop: first seconds left out of the latencies")
+    s.add_argument("--ramp", action="store_true", help="open loop: step the rate up from --rate, one --seconds step "
+                   "each, to the highest rate with p99 under --p99-ms; prints a table")
+    s.add_argument("--ramp-step", type=float, help="rate added per ramp step (default --rate)")
+    s.add_argument("--ramp-max", type=float, help="highest rate the ramp tries (default 20 x --rate)")
+    s.add_argument("--p99-ms", type=float, default=200.0, help="the ramp's p99 bound, ms")
+    s.add_argument("--server-pid", type=int, help="the server's process id: its CPU per message (and its children's)")
+    s.add_argument("--start-server", action="store_true", help="run healthbot serve on a free loopback port for "
+                   "the test (same config), measure its CPU, stop it after")
+    s = sub.add_parser("report", help="reports for the team: what users ask that the bot cannot answer")
+    s.add_argument("kind", choices=["unanswered"])
+    s.add_argument("--since", default="7d", metavar="PERIOD",
+                   help="the last PERIOD: 7d, 24h, 2w (default 7d; at most knowledge.unanswered_retention_days)")
+    s.add_argument("--top", type=int, default=20, help="print the TOP largest groups (default 20)")
+    s.add_argument("--threshold", type=float, help="cosine at or above which questions are grouped "
+                   "(default 0.93: bot/unanswered_report.py DEFAULT_THRESHOLD)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -299,9 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"healthbot: {exc}", file=sys.stderr)
         return 2
-    quiet = args.command in ("ask", "eval", "bench") and args.log_level == "INFO"
+    quiet = args.command in ("ask", "eval", "bench", "report") and args.log_level == "INFO"
     configure_logging("WARNING" if quiet else args.log_level, args.log_format, secrets=config_secrets(cfg))
-    handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "build-engine": cmd_build_engine, "bench": cmd_bench, "kb": cmd_kb, "config": cmd_config}
+    handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "build-engine": cmd_build_engine, "bench": cmd_bench, "kb": cmd_kb, "config": cmd_config,
+                "report": cmd_report}
     async_handlers = {"ask": _ask, "eval": _eval, "telegram": _telegram, "wechat": _wechat,
                       "loadtest": _loadtest}
     try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import sys
@@ -115,8 +116,23 @@ def ensure_request_id() -> Iterator[str]:
 # ------------------------------------------------------------------ processors
 
 
+@functools.lru_cache(maxsize=1024)
+def _is_id_key(key: str) -> bool:
+    return bool(MESSAGE_ID_KEYS.search(key))
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_secret_key(key: str) -> bool:
+    return bool(_SECRET_KEY.search(key))
+
+
+#: Values the processors themselves add (an ISO timestamp, the level name): never personal data or
+#: secrets, so neither processor reads them (one regex pass fewer each, on every line).
+_OWN_KEYS = frozenset({"timestamp", "level"})
+
+
 def _is_message_id(key: Any, value: str) -> bool:
-    return isinstance(key, str) and bool(MESSAGE_ID_KEYS.search(key)) and bool(_ID_VALUE.fullmatch(value))
+    return isinstance(key, str) and _is_id_key(key) and bool(_ID_VALUE.fullmatch(value))
 
 
 def _mask(value: Any, key: Any = None) -> Any:
@@ -134,7 +150,7 @@ def mask_personal_data(logger: Any, method: str, event_dict: EventDict) -> Event
     (the event message included), except id-shaped values of :data:`MESSAGE_ID_KEYS`.
     Non-string scalars are left as they are (an int MsgId is never masked)."""
     for key, value in event_dict.items():
-        if isinstance(value, (str, dict, list, tuple, set, frozenset)):
+        if isinstance(value, (str, dict, list, tuple, set, frozenset)) and key not in _OWN_KEYS:
             event_dict[key] = _mask(value, key)
     return event_dict
 
@@ -156,7 +172,7 @@ class SecretScrubber:
         self._pattern = re.compile("|".join(re.escape(v) for v in values)) if values else None
 
     def _scrub(self, key: Any, value: Any) -> Any:
-        if isinstance(key, str) and _SECRET_KEY.search(key) and value not in (None, "", 0):
+        if isinstance(key, str) and _is_secret_key(key) and value not in (None, "", 0):
             return REDACTED
         if isinstance(value, str):
             return self._pattern.sub(REDACTED, value) if self._pattern is not None else value
@@ -168,7 +184,8 @@ class SecretScrubber:
 
     def __call__(self, logger: Any, method: str, event_dict: EventDict) -> EventDict:
         for key, value in event_dict.items():
-            event_dict[key] = self._scrub(key, value)
+            if key not in _OWN_KEYS:
+                event_dict[key] = self._scrub(key, value)
         return event_dict
 
 

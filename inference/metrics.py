@@ -100,6 +100,23 @@ ENGINE_CIRCUIT_STATE: Final = Gauge(
     "2 half-open (being retried).",
     ["engine"], registry=REGISTRY)
 
+EMBEDDING_CACHE_HITS: Final = Counter(
+    "healthbot_embedding_cache_hits",
+    "Texts whose embedding came from the serving process's cache of repeated texts (or from the same text "
+    "already being encoded): the encoder was not asked (inference.embedding_cache_size).",
+    registry=REGISTRY)
+
+EMBEDDING_CACHE_MISSES: Final = Counter(
+    "healthbot_embedding_cache_misses",
+    "Texts looked up in the embedding cache and sent to the encoder (bulk calls that bypass the cache "
+    "are not counted).",
+    registry=REGISTRY)
+
+EMBEDDING_CACHE_ENTRIES: Final = Gauge(
+    "healthbot_embedding_cache_entries",
+    "Vectors held in the embedding cache now (at most inference.embedding_cache_size).",
+    registry=REGISTRY)
+
 for _reason in ("busy", "closed", "expired", "cancelled", "failed"):
     INFERENCE_DROPPED.labels(reason=_reason)
 

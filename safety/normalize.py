@@ -10,6 +10,13 @@ punctuation, digits, negation words (没有/不/no/not/don't) and units (°C, mg
 The original text and the user's script are kept so that replies can be written
 back in Traditional characters (:func:`to_user_script`) when the user wrote
 Traditional.
+
+Results are memoized (:data:`MEMO_SIZE` texts of up to :data:`MEMO_MAX_CHARS`
+characters, LRU): one message is normalized by admission, the dispatcher, triage
+and the scope rules (about six calls), and OpenCC here is the pure-Python one
+(``t2s`` of a 260-character reply ≈ 0.4 ms), so every call after the first for a
+text is a dictionary lookup. The functions are pure and :class:`Normalized` is
+frozen, so a shared result is safe.
 """
 
 from __future__ import annotations
@@ -21,7 +28,12 @@ from functools import lru_cache
 
 import opencc
 
-__all__ = ["Normalized", "normalize", "to_user_script", "to_simplified", "detect_lang"]
+__all__ = ["MEMO_MAX_CHARS", "MEMO_SIZE", "Normalized", "normalize", "to_user_script", "to_simplified", "detect_lang"]
+
+MEMO_SIZE = 4096
+"""Texts whose normalized form (and, apart, whose OpenCC conversions) are remembered."""
+MEMO_MAX_CHARS = 2048
+"""Longer texts are converted each time (they are rare and would crowd out the rest)."""
 
 # CJK Unified Ideographs (+ Extension A) and CJK compatibility ideographs.
 _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
@@ -101,7 +113,7 @@ def _strip_emoji(text: str) -> str:
 
 
 def normalize(text: str) -> Normalized:
-    """Clean one user message for matching and retrieval.
+    """Clean one user message for matching and retrieval (memoized, module doc).
 
     Steps, in order: NFKC (full-width ASCII and ``℃``-style compatibility
     characters to their plain forms), curly quotes to ASCII, emoji / WeChat
@@ -117,6 +129,12 @@ def normalize(text: str) -> Normalized:
         the script the user wrote in.
     """
     original = text or ""
+    if len(original) <= MEMO_MAX_CHARS:
+        return _normalize_memo(original)
+    return _normalize(original)
+
+
+def _normalize(original: str) -> Normalized:
     s = unicodedata.normalize("NFKC", original).translate(_QUOTES)
     s = _WECHAT_EMOTICON.sub(" ", s)
     s = _strip_emoji(s)
@@ -134,6 +152,20 @@ def normalize(text: str) -> Normalized:
     return Normalized(text=s, original=original, lang=detect_lang(s), script=script, variant=variant)
 
 
+_normalize_memo = lru_cache(maxsize=MEMO_SIZE)(_normalize)
+
+
+def _convert(config: str, text: str) -> str:
+    if len(text) <= MEMO_MAX_CHARS:
+        return _convert_memo(config, text)
+    return _converter(config).convert(text)
+
+
+@lru_cache(maxsize=MEMO_SIZE)
+def _convert_memo(config: str, text: str) -> str:
+    return _converter(config).convert(text)
+
+
 def to_user_script(text: str, script: str, variant: str = "") -> str:
     """Write a Simplified-Chinese reply in the user's script.
 
@@ -149,9 +181,9 @@ def to_user_script(text: str, script: str, variant: str = "") -> str:
     if script != "hant" or not text:
         return text
     config = {"hk": "s2hk"}.get(variant, "s2tw")  # s2t would write 喫 for 吃, which no reader uses
-    return _converter(config).convert(text)
+    return _convert(config, text)
 
 
 def to_simplified(text: str) -> str:
     """OpenCC ``t2s``: Traditional → Simplified Chinese, nothing else changed."""
-    return _converter("t2s").convert(text or "")
+    return _convert("t2s", text or "")

@@ -211,7 +211,7 @@ async def test_real_model_in_worker_processes_gives_the_in_process_vectors():
         ref = await ref_enc.encode(texts)
     finally:
         await ref_enc.close()
-    enc = await open_encoder(cpu_cfg(2), ENGINES_DIR)
+    enc = await open_encoder(cpu_cfg(2, embedding_cache_size=0), ENGINES_DIR)  # the pool itself, no cache
     try:
         assert isinstance(enc, ProcessPoolEncoder)
         assert (enc.engine_name, enc.variant, enc.dim) == ("onnxruntime", "onnxruntime/fp32", 384)

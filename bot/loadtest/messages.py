@@ -19,8 +19,9 @@ import defusedxml.ElementTree as safe_et
 from wechatpy.crypto import WeChatCrypto
 from wechatpy.utils import WeChatSigner
 
-__all__ = ["AES_KEY_CHARS", "NO_REPLY", "REPLY_DEADLINE_S", "TELEGRAM_PATH", "TRANSFER_MSG_TYPE",
-           "TelegramRequests", "WechatRequests"]
+__all__ = ["AES_KEY_CHARS", "BUSY_TEXTS", "LATE_MARKERS", "MORE_MARKERS", "NO_REPLY", "REPLY_DEADLINE_S",
+           "SLOW_DOWN_TEXTS", "TELEGRAM_PATH", "TRANSFER_MSG_TYPE", "TelegramRequests", "WechatRequests",
+           "answer_kind"]
 
 REPLY_DEADLINE_S = 5.0
 """Seconds WeChat waits for the webhook's HTTP response. Source: 接收普通消息 —
@@ -37,6 +38,36 @@ TRANSFER_MSG_TYPE = "transfer_customer_service"
 
 TELEGRAM_PATH = "/telegram"
 """The server's Telegram webhook route."""
+
+
+# The server's own texts that tell what a passive reply carries (copies: bot/ does not import
+# adapters/; tests/test_loadtest.py checks they match adapters/wechat/ and bot/dispatcher.py).
+LATE_MARKERS = ("您之前问的“", 'Your earlier question "')
+"""How a passive reply starts an answer to an *earlier* message of the same user (an answer
+that missed its reply budget and waited for the user's next message; PENDING_HEADER in
+adapters/wechat/store_state.py)."""
+MORE_MARKERS = ("回复 1 查看更多", "Reply 1 for more")
+"""The line on page 1 of an answer longer than one passive reply (MORE_HINT in adapters/wechat/pages.py)."""
+BUSY_TEXTS = ("现在咨询的人有点多，请稍等几秒再发一次您的问题",
+              "I'm a little busy right now. Please send your question again")
+"""The start of the dispatcher's "busy, send it again" reply (BUSY_REPLY in bot/dispatcher.py)."""
+SLOW_DOWN_TEXTS = ("您发消息有点快，请稍等几秒再发", "You're sending messages a little fast.")
+"""The start of the per-user rate limit's reply (SLOW_DOWN_REPLY in bot/dispatcher.py)."""
+
+
+def answer_kind(content: str) -> str:
+    """What a text reply is beyond an answer: ``busy`` or ``slow_down`` (not a real answer),
+    ``late`` (it carries an earlier message's answer), ``paged`` (more pages follow on "1"),
+    else ``""`` (one whole answer)."""
+    if content.startswith(BUSY_TEXTS):
+        return "busy"
+    if content.startswith(SLOW_DOWN_TEXTS):
+        return "slow_down"
+    if any(m in content for m in LATE_MARKERS):
+        return "late"
+    if any(m in content for m in MORE_MARKERS):
+        return "paged"
+    return ""
 
 
 def _cdata(value: str) -> str:
@@ -75,23 +106,29 @@ class WechatRequests:
         return "/wechat?" + urlencode(query), xml.encode("utf-8"), {"Content-Type": "text/xml"}
 
     def outcome(self, body: str, openid: str) -> str:
+        return self.answer(body, openid)[0]
+
+    def answer(self, body: str, openid: str) -> tuple[str, str]:
+        """``(outcome, text)``: the outcome (``text``, ``transfer``, ``deferred`` or an error
+        kind) and a text reply's content ("" otherwise)."""
         if body == NO_REPLY:
-            return "deferred"
+            return "deferred", ""
         try:
             root = safe_et.fromstring(body)
             if self.crypto is not None:
                 root = safe_et.fromstring(self.crypto.decrypt_message(
                     body, root.findtext("MsgSignature"), root.findtext("TimeStamp"), root.findtext("Nonce")))
         except Exception:  # noqa: BLE001 — any unreadable answer is an error of the server
-            return "bad_reply"
+            return "bad_reply", ""
         if root.findtext("ToUserName") != openid:
-            return "wrong_user"
+            return "wrong_user", ""
         kind = root.findtext("MsgType")
-        if kind == "text" and (root.findtext("Content") or "").strip():
-            return "text"
+        content = (root.findtext("Content") or "").strip()
+        if kind == "text" and content:
+            return "text", content
         if kind == TRANSFER_MSG_TYPE:
-            return "transfer"
-        return "bad_reply"
+            return "transfer", ""
+        return "bad_reply", ""
 
 
 class TelegramRequests:

@@ -37,8 +37,11 @@ def format_markdown(result: LoadtestResult) -> str:
     return "| measure | value |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 
 
-def write_plot(result: LoadtestResult, path: str | Path) -> Path:
+def write_plot(result: LoadtestResult, path: str | Path, title: str | None = None) -> Path:
     """A PNG: latency of every request over time (with p50/p99 per second), and requests per second.
+
+    ``result``: a closed-loop result, or anything with ``samples`` (``at_s``, ``latency_s``,
+    ``outcome``) and ``duration_s`` when ``title`` is given (an open-loop run).
 
     Raises:
         RuntimeError: matplotlib is not installed (``pip install matplotlib``).
@@ -51,7 +54,6 @@ def write_plot(result: LoadtestResult, path: str | Path) -> Path:
         raise RuntimeError("--plot needs matplotlib: pip install matplotlib") from None
     import numpy as np
 
-    s = result.summary()
     at = np.array([x.at_s for x in result.samples])
     lat = np.array([x.latency_s * 1000.0 for x in result.samples])
     bad = np.array([x.outcome not in OK_OUTCOMES for x in result.samples], dtype=bool)
@@ -75,9 +77,11 @@ def write_plot(result: LoadtestResult, path: str | Path) -> Path:
     ax1.set_yscale("log")
     ax1.set_ylabel("latency (ms)")
     ax1.legend(loc="upper right", fontsize=8)
-    ax1.set_title(f"healthbot loadtest — {s['channel']}, {s['users']} users, {s['requests']} requests, "
-                  f"{s['throughput_rps']} req/s; p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, {s['errors']} errors",
-                  fontsize=9)
+    if title is None:
+        s = result.summary()
+        title = (f"healthbot loadtest — {s['channel']}, {s['users']} users, {s['requests']} requests, "
+                 f"{s['throughput_rps']} req/s; p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, {s['errors']} errors")
+    ax1.set_title(title, fontsize=9)
     ax2.bar(np.arange(seconds) + 0.5, rps, width=0.9, color="tab:gray")
     ax2.set_ylabel("requests/s")
     ax2.set_xlabel("seconds since start")

@@ -46,7 +46,7 @@ import aiohttp
 from bot.loadtest.messages import AES_KEY_CHARS, REPLY_DEADLINE_S, TelegramRequests, WechatRequests
 
 __all__ = ["LoadtestConfig", "LoadtestResult", "MESSAGES_PER_USER_ID", "OK_OUTCOMES", "QUESTIONS", "Sample",
-           "check_loopback", "percentile_ms", "run_loadtest"]
+           "check_loopback", "check_ready", "percentile_ms", "run_loadtest", "validate_run"]
 
 MAX_USERS = 2000
 """Most concurrent simulated users (a loopback test, not a flood)."""
@@ -172,13 +172,20 @@ def check_loopback(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _validate(cfg: LoadtestConfig) -> str:
+def validate_run(cfg: Any) -> str:
+    """The base URL of a run's server, after checking its bounds and secrets (a
+    :class:`LoadtestConfig`, or any config with the same fields; ``users`` and
+    ``max_requests`` are checked where present).
+
+    Raises:
+        ValueError: what is wrong, naming the option.
+    """
     base = check_loopback(cfg.url)
-    if not 1 <= cfg.users <= MAX_USERS:
+    if not 1 <= getattr(cfg, "users", 1) <= MAX_USERS:
         raise ValueError(f"--users must be 1..{MAX_USERS}, not {cfg.users}")
     if not 0 < cfg.seconds <= MAX_SECONDS:
         raise ValueError(f"--seconds must be in (0, {MAX_SECONDS:.0f}], not {cfg.seconds}")
-    if cfg.max_requests < 1:
+    if getattr(cfg, "max_requests", 1) < 1:
         raise ValueError("--max-requests must be >= 1")
     if cfg.channel == "wechat":
         if not cfg.token:
@@ -195,6 +202,16 @@ def _validate(cfg: LoadtestConfig) -> str:
     return base
 
 
+async def check_ready(http: aiohttp.ClientSession, base: str) -> None:
+    """Raise RuntimeError unless the server at ``base`` answers ``GET /readyz`` (and not 503)."""
+    try:
+        async with http.get("/readyz") as resp:
+            if resp.status == 503:
+                raise RuntimeError(f"{base} is not ready (GET /readyz answered 503): wait for the model to load")
+    except aiohttp.ClientError as exc:
+        raise RuntimeError(f"no server at {base} ({type(exc).__name__}): start 'healthbot serve' first") from None
+
+
 async def run_loadtest(cfg: LoadtestConfig, progress: Any = None) -> LoadtestResult:
     """Run the load test described by ``cfg`` against the server at ``cfg.url``.
 
@@ -209,7 +226,7 @@ async def run_loadtest(cfg: LoadtestConfig, progress: Any = None) -> LoadtestRes
         ValueError: a bound is broken (non-loopback host, too many users, …) or a secret is missing.
         RuntimeError: the server is not there or not ready (``GET /readyz`` 503).
     """
-    base = _validate(cfg)
+    base = validate_run(cfg)
     rng = random.Random(cfg.seed)
     run_id = uuid.uuid4().hex[:8]
     wechat = WechatRequests(cfg.token, cfg.appid, cfg.aes_key, cfg.mode) if cfg.channel == "wechat" else None
@@ -218,12 +235,7 @@ async def run_loadtest(cfg: LoadtestConfig, progress: Any = None) -> LoadtestRes
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     connector = aiohttp.TCPConnector(limit=cfg.users + 4, force_close=False)
     async with aiohttp.ClientSession(base_url=base, timeout=timeout, connector=connector) as http:
-        try:
-            async with http.get("/readyz") as resp:
-                if resp.status == 503:
-                    raise RuntimeError(f"{base} is not ready (GET /readyz answered 503): wait for the model to load")
-        except aiohttp.ClientError as exc:
-            raise RuntimeError(f"no server at {base} ({type(exc).__name__}): start 'healthbot serve' first") from None
+        await check_ready(http, base)
         loop = asyncio.get_running_loop()
         start = loop.time()
         stop_at = start + cfg.seconds
