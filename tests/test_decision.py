@@ -116,6 +116,9 @@ def test_topic_scope_is_read_off_the_knowledge_base():
     assert scope.uncovered("满月宝宝睡觉一惊一乍", "tcm.yin_deficiency") == "infant"
     assert scope.uncovered("满月宝宝睡觉一惊一乍", "child.sleep") is None
     assert scope.uncovered("手脚冰凉怎么办", "body.cold_hands_feet") is None
+    # hepatitis A is another disease than hepatitis B: the hepatitis B topic does not answer it
+    assert scope.uncovered("how serious is hepatitis a?", "living.hepatitis_b") == "other_hepatitis"
+    assert scope.uncovered("乙肝携带者饮食要注意什么", "living.hepatitis_b") is None
 
 
 def test_the_safety_net_travels_in_the_json_and_between_replicas():
