@@ -127,11 +127,21 @@ async def _eval(cfg: Config, args: argparse.Namespace) -> int:
     from bot.evaluate import evaluate, format_report, read_labelled
     from bot.runtime import open_dispatcher
 
+    from bot.evaluate_follow_ups import evaluate_follow_ups, format_follow_up_report, read_conversations
     try:
-        rows = read_labelled(Path(args.file))
+        conversations = read_conversations(Path(args.file))
+        rows = read_labelled(Path(args.file)) if conversations is None else []
     except (OSError, ValueError) as exc:
         print(f"healthbot eval: {exc}", file=sys.stderr)
         return 2
+    if conversations is not None:  # two-turn follow-up conversations (evals/follow_ups*.jsonl)
+        async with open_dispatcher(cfg) as dispatcher:
+            res = await evaluate_follow_ups(dispatcher, conversations)
+        print(json.dumps(res.summary()) if args.json else format_follow_up_report(res))
+        if args.misses:
+            for m in res.misses:
+                print(json.dumps(m, ensure_ascii=False), file=sys.stderr)
+        return 0
     async with open_dispatcher(cfg) as dispatcher:
         if args.compare:
             from bot.evaluate import retrieval_accuracy

@@ -19,8 +19,10 @@ with a topic that has the facet), honest replies for missing facets, repeats.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bot.dispatcher import Dispatcher
 from bot.follow_up import SEE_DOCTOR
@@ -58,6 +60,29 @@ class FollowUpResult:
             "missing_facet": self.missing,
             "repeated_word_for_word": self.repeated,
         }
+
+
+FACET_LABELS = ("causes", "diet", "activity", "elders", "children", "pregnancy", SEE_DOCTOR, "more")
+
+
+def read_conversations(path: Path) -> list[dict] | None:
+    """The conversations of a file whose lines have ``turns`` (None when its first line has
+    none: a file of labelled questions). Raises ValueError naming a bad line."""
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+        if not rows and "turns" not in row:
+            return None
+        if not isinstance(row.get("turns"), list) or len(row["turns"]) < 2 or row.get("facet") not in FACET_LABELS \
+                or not isinstance(row.get("topic"), str):
+            raise ValueError(f"{path}:{n}: needs 'turns' (two messages), 'topic' and 'facet' ({', '.join(FACET_LABELS)})")
+        rows.append(row)
+    return rows
 
 
 def _contains(reply_text: str, text: str) -> bool:

@@ -164,3 +164,19 @@ def test_a_source_that_backs_only_facets_is_named_under_facets_not_the_main_answ
                              Source({"zh": "儿童指南", "en": "Child guide"}, "children", for_facets=True)))
     assert "儿童指南" not in topic.render("zh") and "Child guide" not in topic.render("en")
     assert "儿童指南" in topic.render("zh", "children") and "国家卫健委" in topic.render("zh", "children")
+
+
+def test_healthbot_eval_scores_a_conversation_file_and_refuses_a_bad_one(cli_main, tmp_path, capsys):
+    import json
+    good = tmp_path / "conv.jsonl"
+    good.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in [
+        {"lang": "zh", "topic": "sleep.insomnia", "turns": ["失眠怎么调理", "那饮食上呢"], "facet": "diet"},
+        {"lang": "en", "topic": "sleep.insomnia", "turns": ["I can't fall asleep at night", "anything else?"],
+         "facet": "more"}]) + "\n", encoding="utf-8")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": ["only one"], "facet": "diet", "topic": "sleep.insomnia"}\n', encoding="utf-8")
+    assert cli_main(["eval", str(bad)]) == 2 and "needs 'turns'" in capsys.readouterr().err
+    assert cli_main(["eval", "--json", str(good)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["conversations"] == 2 and summary["repeated_word_for_word"] == 0
+    assert summary["facet_given_when_on_topic_and_present"] == 1.0
