@@ -226,6 +226,9 @@ def server(cfg, dispatcher, tmp_path_factory):
            "HEALTHBOT_SERVER_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S),
            "HEALTHBOT_INFERENCE_MAX_QUEUE_DELAY_MS": str(HOLD_MS),
            "HEALTHBOT_INFERENCE_DEADLINE_MS": "20000",
+           # no embedding cache: the shutdown test needs its questions held in the batcher, and
+           # earlier tests on this server ask the same questions
+           "HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE": "0",
            "HEALTHBOT_KNOWLEDGE_RELOAD_INTERVAL_S": "0"}
     env.pop("HEALTHBOT_CONFIG", None)
     with open(log_path, "w", encoding="utf-8") as log_file:
