@@ -58,8 +58,16 @@ class Source:
 
     name: dict[str, str]
     backs: str
-    #: backs only facets (``for: facets``): named under a facet's reply, not the main answer
+    #: backs only facets (``for: facets``, or ``for: [children, ...]`` naming which): named under
+    #: those facets' replies, not under the main answer
     for_facets: bool = False
+    facets: tuple[str, ...] = ()  # empty: every facet
+
+    def cited_for(self, facet: str | None) -> bool:
+        """Whether the source is named under the main answer (``None``) or under ``facet``."""
+        if not self.for_facets:
+            return True
+        return facet is not None and (not self.facets or facet in self.facets)
 
 
 @dataclass(frozen=True)
@@ -81,9 +89,10 @@ class Topic:
     #: ("diet" of chronic.hypertension_lifestyle is chronic.hypertension_diet)
     facet_topics: dict[str, str] = field(default_factory=dict)
 
-    def source_names(self, lang: str, facets: bool = False) -> str:
-        """The sources' names in ``lang``, joined; those that back only facets when ``facets``."""
-        names = [s.name[lang] for s in self.sources if facets or not s.for_facets]
+    def source_names(self, lang: str, facet: str | None = None) -> str:
+        """The names in ``lang`` of the sources cited under the main answer (``facet`` None) or
+        under ``facet``, joined."""
+        names = [s.name[lang] for s in self.sources if s.cited_for(facet)]
         return ("；" if lang == "zh" else "; ").join(names)
 
     def render(self, lang: str, facet: str | None = None) -> str:
@@ -93,7 +102,7 @@ class Topic:
         Raises:
             KeyError: ``facet`` is given and the topic has no such facet.
         """
-        names = self.source_names(lang, facets=facet is not None)
+        names = self.source_names(lang, facet)
         body = self.answer[lang]
         if facet is not None:
             heading = FACETS[facet][lang]
@@ -177,9 +186,12 @@ def _parse_topic(file: str, index: int, raw: Any, category: str, problems: list[
             if not isinstance(backs, str) or not backs.strip():
                 problems.append(f"{where}: sources[{j}].backs: say which recommendation the source backs")
             scope = s.get("for")
-            if scope not in (None, "facets"):
-                problems.append(f"{where}: sources[{j}].for: only 'facets' (a source that backs facets only)")
-            sources.append(Source(name=name, backs=str(backs or "").strip(), for_facets=scope == "facets"))
+            named = tuple(scope) if isinstance(scope, list) else ()
+            if not (scope in (None, "facets") or named and all(f in FACETS for f in named)):
+                problems.append(f"{where}: sources[{j}].for: 'facets' or a list of facet names "
+                                f"({', '.join(FACETS)})")
+            sources.append(Source(name=name, backs=str(backs or "").strip(), for_facets=scope is not None,
+                                  facets=named))
     facets, facet_topics = _parse_facets(where, raw.get("facets"), problems)
     if len(problems) > n_before:
         return None

@@ -164,6 +164,9 @@ def test_a_source_that_backs_only_facets_is_named_under_facets_not_the_main_answ
                              Source({"zh": "儿童指南", "en": "Child guide"}, "children", for_facets=True)))
     assert "儿童指南" not in topic.render("zh") and "Child guide" not in topic.render("en")
     assert "儿童指南" in topic.render("zh", "children") and "国家卫健委" in topic.render("zh", "children")
+    only_children = replace(topic, sources=(topic.sources[0], replace(topic.sources[1], facets=("children",))),
+                            facets={"children": topic.facets["children"], "diet": {"zh": "少油。", "en": "Less oil."}})
+    assert "儿童指南" in only_children.render("zh", "children") and "儿童指南" not in only_children.render("zh", "diet")
 
 
 def test_healthbot_eval_scores_a_conversation_file_and_refuses_a_bad_one(cli_main, tmp_path, capsys):
