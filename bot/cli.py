@@ -60,7 +60,7 @@ def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
     from bot.app import create_app, serve
     _ensure_model(cfg)
     print(f"healthbot: loading the model, then serving on http://{cfg.server.host}:{cfg.server.port} "
-          f"(POST /wechat, POST /api/chat, GET /healthz, /readyz, /metrics); the port opens at the "
+          f"(POST /wechat, POST /api/v1/chat (API: GET /api/v1/openapi.json), GET /healthz, /readyz, /metrics); the port opens at the "
           f"'serving' log line", file=sys.stderr)
     app = create_app(cfg)
     if args.telegram_polling:
