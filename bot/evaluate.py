@@ -112,16 +112,24 @@ def _frac(a: int, b: int) -> float:
     return round(a / b, 4) if b else 0.0
 
 
-def read_labelled(path: Path) -> list[dict]:
-    """Lines of a labelled JSONL file; raises ValueError naming the line of a bad one."""
+def read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file; raises ValueError naming
+    a line that is not JSON."""
     rows = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            rows.append((n, json.loads(line)))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+    return rows
+
+
+def read_labelled(path: Path) -> list[dict]:
+    """Lines of a labelled JSONL file; raises ValueError naming the line of a bad one."""
+    rows = []
+    for n, row in read_jsonl(path):
         if "q" not in row or "intent" not in row:
             raise ValueError(f"{path}:{n}: needs 'q' and 'intent'")
         if wanted_intent(row) not in INTENTS:

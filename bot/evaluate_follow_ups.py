@@ -19,13 +19,14 @@ with a topic that has the facet), honest replies for missing facets, repeats.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.dispatcher import Dispatcher
+from bot.evaluate import read_jsonl
 from bot.follow_up import SEE_DOCTOR
+from bot.knowledge import FACETS
 from bot.types import Inbound, Intent, MessageKind
 from safety.normalize import to_simplified
 
@@ -62,20 +63,14 @@ class FollowUpResult:
         }
 
 
-FACET_LABELS = ("causes", "diet", "activity", "elders", "children", "pregnancy", SEE_DOCTOR, "more")
+FACET_LABELS = (*FACETS, SEE_DOCTOR, "more")
 
 
 def read_conversations(path: Path) -> list[dict] | None:
     """The conversations of a file whose lines have ``turns`` (None when its first line has
     none: a file of labelled questions). Raises ValueError naming a bad line."""
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+    for n, row in read_jsonl(path):
         if not rows and "turns" not in row:
             return None
         if not isinstance(row.get("turns"), list) or len(row["turns"]) < 2 or row.get("facet") not in FACET_LABELS \
