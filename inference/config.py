@@ -20,6 +20,9 @@ class InferenceConfig:
 
     ``max_queue_delay_ms``: how long a batch may wait for more requests after its
     first one (Triton's ``max_queue_delay_microseconds``; 0 = never wait).
+    ``idle_dispatch``: an idle engine runs what waits at once (default true);
+    false makes every batch wait up to ``max_queue_delay_ms`` for company, as Triton
+    does (fuller batches at the cost of a lone request's latency).
     ``max_batch_size``: windows per batch on CPU engines; ``gpu_max_batch_size``
     the same for GPU engines (tensorrt, torch_cuda), whose cost per batch is
     nearly flat up to 256 short queries (docs/benchmarks.md).
@@ -89,6 +92,7 @@ class InferenceConfig:
     gpu_max_batch_size: int = 256
     max_batch_tokens: int = 8192
     max_queue_delay_ms: float = 10.0
+    idle_dispatch: bool = True
     max_queue_size: int = 1024
     deadline_ms: float = 2000.0
     intra_op_threads: int = 0

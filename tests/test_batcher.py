@@ -84,6 +84,18 @@ async def test_a_lone_request_on_an_idle_engine_runs_at_once_and_one_behind_a_ba
     await b.close()
 
 
+async def test_without_idle_dispatch_an_idle_engine_waits_the_delay_for_company():
+    run = RecordingRunBatch()
+    b = DynamicBatcher(run, max_queue_delay_ms=150, idle_dispatch=False)
+    t0 = asyncio.get_running_loop().time()
+    first = asyncio.create_task(b.submit(window(1)))
+    await asyncio.sleep(0.05)
+    assert run.sizes == []  # still waiting for company (Triton's rule)
+    await asyncio.gather(first, b.submit(window(2)))
+    assert run.sizes == [2] and run.started_at[0] - t0 >= 0.14  # one batch, taken at the delay
+    await b.close()
+
+
 async def test_zero_delay_runs_a_lone_request_at_once():
     run = RecordingRunBatch()
     b = DynamicBatcher(run, max_queue_delay_ms=0)

@@ -24,7 +24,8 @@ Shape of the queue (ARCHITECTURE.md, "The inference pool"; text-embeddings-infer
     × batch size > ``max_batch_tokens`` (TEI's padded budget),
   * no batch is running (the engine is idle: waiting could only add latency, so a
     lone request runs at once and the requests that arrive meanwhile make the next,
-    fuller batch, as text-embeddings-inference's continuous batching does),
+    fuller batch, as text-embeddings-inference's continuous batching does); with
+    ``idle_dispatch=False`` an idle engine waits like a busy one (Triton's rule),
   * ``max_queue_delay_ms`` passed since the batch's FIRST (oldest) request was
     enqueued (Triton's ``max_queue_delay_microseconds``; 0 = a free worker never
     waits),
@@ -85,6 +86,8 @@ class DynamicBatcher(WindowQueue, TokenizeStage):
             TEI). A single window larger than the budget still runs, alone.
         max_queue_delay_ms: ms a batch may wait for more requests after its first
             one (Triton); 0 = never wait.
+        idle_dispatch: True (default): an idle engine takes a batch at once, without
+            waiting ``max_queue_delay_ms`` for company; False: it waits as Triton does.
         max_queue_size: pending (not yet started) windows beyond which a submit
             raises :class:`BusyError` (a text not yet tokenized counts as one).
         deadline_ms: default per-request deadline in ms, counted from submit.
@@ -102,8 +105,8 @@ class DynamicBatcher(WindowQueue, TokenizeStage):
     """
 
     def __init__(self, run_batch: RunBatch, *, max_batch_size: int = 32, max_batch_tokens: int = 8192,
-                 max_queue_delay_ms: float = 10.0, max_queue_size: int = 1024, deadline_ms: float = 2000.0,
-                 concurrency: int = 1, buckets: Sequence[int] = DEFAULT_BUCKETS, tokenize: Tokenize | None = None,
+                 max_queue_delay_ms: float = 10.0, idle_dispatch: bool = True, max_queue_size: int = 1024,
+                 deadline_ms: float = 2000.0, concurrency: int = 1, buckets: Sequence[int] = DEFAULT_BUCKETS, tokenize: Tokenize | None = None,
                  inline_tokenize_max: int | None = None) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1 or max_queue_size < 1 or concurrency < 1:
             raise ValueError("max_batch_size, max_batch_tokens, max_queue_size and concurrency must be >= 1")
@@ -113,6 +116,7 @@ class DynamicBatcher(WindowQueue, TokenizeStage):
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.max_queue_delay_ms = max_queue_delay_ms
+        self.idle_dispatch = idle_dispatch
         self.max_queue_size = max_queue_size
         self.deadline_ms = deadline_ms
         self.concurrency = concurrency

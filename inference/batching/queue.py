@@ -230,7 +230,8 @@ class WindowQueue:
                 continue
             if len(heads) > 1:
                 heads.sort(key=lambda q: q[0].request.enqueued)
-            idle = not self._running  # nothing on the engine: waiting for company only adds latency
+            # nothing on the engine: waiting for company only adds latency (unless told to wait)
+            idle = self.idle_dispatch and not self._running
             for q in heads:  # oldest first; a full bucket need not wait for an older one
                 n, full = self._take(q)
                 if full or self._closing or idle or now >= q[0].request.enqueued + delay_s:
