@@ -111,6 +111,23 @@ def test_third_party_red_flag_is_an_emergency(text):
     assert triage(text, normalize(text).lang, CFG) is not None
 
 
+@pytest.mark.parametrize("text,flag", [
+    ("我妈不小心把洗厕所的那个液体当水喝了一口", "poisoning.chemical_zh"),  # a household product taken for water
+    ("宝宝把洗衣凝珠当糖果吃了", "poisoning.chemical_zh"),
+    ("孩子误喝了马桶清洁剂", "poisoning.chemical_zh"),
+    ("what's the point of waking up anymore", "crisis.suicidal_en"),
+    ("there's no point in getting up", "crisis.suicidal_en"),
+])
+def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
+    assert flag in match_red_flags(text)
+
+
+@pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "what's the point of this app",
+                                  "what's the point of stretching before running"])
+def test_drinking_a_lot_and_ordinary_what_is_the_point_are_not_flagged(text):
+    assert match_red_flags(text) == []
+
+
 def test_negation_does_not_reach_across_a_contrast():
     assert triage("我没有发烧，但是胸口疼得厉害", "zh", CFG).kind == "emergency"
     assert triage("no fever but crushing chest pain", "en", CFG).kind == "emergency"
