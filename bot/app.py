@@ -18,6 +18,7 @@ from adapters.http import setup_http
 from adapters.wechat import setup_wechat
 from bot.admission import ADMISSION_KEY, Admission, GatedTCPSite, install, raise_fd_limit
 from bot.config import Config
+from bot.feedback import FeedbackBook
 from bot.handoff import HandoffManager
 from bot.http_errors import json_errors_middleware
 from bot.logs import REQUEST_ID_HEADER, request_id_from_header
@@ -151,8 +152,8 @@ async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
 
 
 def create_app(cfg: Config) -> web.Application:
-    """Build the app: ``GET/POST /wechat``, the HTTP API (``POST /api/v1/chat``, ``GET
-    /api/v1/messages``, ``GET /api/v1/openapi.json``; ``/api/chat`` and ``/api/messages`` are
+    """Build the app: ``GET/POST /wechat``, the HTTP API (``POST /api/v1/chat``, ``POST /api/v1/feedback``,
+    ``GET /api/v1/messages``, ``GET /api/v1/openapi.json``; ``/api/chat`` and ``/api/messages`` are
     aliases: adapters/http.py), the agent console (adapters/console.py), ``GET /healthz``,
     ``GET /readyz``, ``GET /metrics`` (Prometheus, bot/metrics.py; on ``server.metrics_port``
     when set, behind ``server.metrics_token`` when set: bot/metrics_endpoint.py), and
@@ -173,11 +174,12 @@ def create_app(cfg: Config) -> web.Application:
     admission = install(app, Admission(cfg.admission, safety=cfg.safety))
     state = app[STATE_KEY] = ServerState()
     handoff = app[HANDOFF_KEY] = HandoffManager()
+    feedback = FeedbackBook()  # votes on answers (bot/feedback.py), on the core's store once it starts
     dispatcher = _LateDispatcher(admission)
 
     async def lifecycle(app: web.Application):
         async with open_dispatcher(cfg, handoff, drain_deadline=lambda: admission.drain_deadline) as real:
-            dispatcher.target = real
+            dispatcher.target, feedback.store = real, real.store
             watcher = None
             if cfg.knowledge.reload_interval_s > 0:
                 watcher = asyncio.create_task(watch_knowledge_base(real, cfg.kb_path, cfg.knowledge.reload_interval_s))
@@ -200,12 +202,12 @@ def create_app(cfg: Config) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     setup_metrics(app, cfg.server)  # after the model's cleanup context: a port of its own opens once loaded
-    setup_http(app, dispatcher)
+    setup_http(app, dispatcher, feedback)
     setup_console(app, cfg, handoff)  # /console (agents), GET /api/messages, the http channel's relay
-    setup_wechat(app, cfg, dispatcher, handoff=handoff)
+    setup_wechat(app, cfg, dispatcher, handoff=handoff, feedback=feedback)
     if cfg.telegram.token:  # POST /telegram and the bot's lifecycle (adapters/telegram/adapter.py)
         from adapters.telegram import setup_telegram
-        setup_telegram(app, cfg, dispatcher, handoff)
+        setup_telegram(app, cfg, dispatcher, handoff, feedback=feedback)
     return app
 
 

@@ -28,6 +28,9 @@
                                                the questions the bot could not answer (recorded with
                                                knowledge.record_unanswered), grouped, largest first,
                                                with examples and the nearest topic
+    healthbot report feedback [--since 7d] [--top 20] [--json]
+                                               the topics whose answers users rated not helpful
+                                               (bot/feedback.py), most first, with both counts
     healthbot --version                        the installed version
 
 Global options: ``--config FILE``, ``--log-level DEBUG|INFO|WARNING|ERROR``,
@@ -239,6 +242,9 @@ async def _loadtest(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_report(cfg: Config, args: argparse.Namespace) -> int:
+    if args.kind == "feedback":
+        from bot.feedback_report import run_feedback_report
+        return asyncio.run(run_feedback_report(cfg, args))
     from bot.unanswered_report import run_report
     return asyncio.run(run_report(cfg, args, ensure_model=lambda: _ensure_model(cfg)))
 
@@ -309,11 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--server-pid", type=int, help="the server's process id: its CPU per message (and its children's)")
     s.add_argument("--start-server", action="store_true", help="run healthbot serve on a free loopback port for "
                    "the test (same config), measure its CPU, stop it after")
-    s = sub.add_parser("report", help="reports for the team: what users ask that the bot cannot answer")
-    s.add_argument("kind", choices=["unanswered"])
+    s = sub.add_parser("report", help="reports for the team: what users ask that the bot cannot answer (unanswered), "
+                       "the answers they rated not helpful (feedback)")
+    s.add_argument("kind", choices=["unanswered", "feedback"])
     s.add_argument("--since", default="7d", metavar="PERIOD",
-                   help="the last PERIOD: 7d, 24h, 2w (default 7d; at most knowledge.unanswered_retention_days)")
-    s.add_argument("--top", type=int, default=20, help="print the TOP largest groups (default 20)")
+                   help="the last PERIOD: 7d, 24h, 2w (default 7d; at most knowledge.unanswered_retention_days, "
+                   "for feedback 365 days)")
+    s.add_argument("--top", type=int, default=20, help="print the TOP largest groups or topics (default 20)")
     s.add_argument("--threshold", type=float, help="cosine at or above which questions are grouped "
                    "(default 0.93: bot/unanswered_report.py DEFAULT_THRESHOLD)")
     s.add_argument("--json", action="store_true", help="print one JSON object")

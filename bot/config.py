@@ -74,7 +74,9 @@ class WechatConfig:
     token), secret, only from ``HEALTHBOT_WECHAT_APPSECRET``. ``api_base``: server
     API base URL (tests point it at a fake). ``kf_account``: customer-service
     account (``name@wxid``) that handoffs go to; empty = any agent.
-    ``api_timeout_s``: per server-API call, seconds.
+    ``api_timeout_s``: per server-API call, seconds. ``feedback_menu``: answers sent through the
+    customer-service API are followed by a 👍 / 👎 menu message (``msgmenu``, bot/feedback.py);
+    service accounts only, off by default.
     """
 
     token: str = ""
@@ -88,6 +90,7 @@ class WechatConfig:
     api_base: str = "https://api.weixin.qq.com"
     kf_account: str = ""
     api_timeout_s: float = 5.0
+    feedback_menu: bool = False
 
 
 @dataclass
@@ -281,6 +284,9 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'wechat.mode': {cfg.wechat.mode!r} is not plaintext|compatible|safe")
     if cfg.wechat.account_type not in ("subscription", "service"):
         raise ConfigError(f"config key 'wechat.account_type': {cfg.wechat.account_type!r} is not subscription|service")
+    if cfg.wechat.feedback_menu and cfg.wechat.account_type != "service":
+        raise ConfigError("config key 'wechat.feedback_menu': needs wechat.account_type 'service' (subscription "
+                          "accounts have no customer-service API to send the menu with)")
     if cfg.wechat.mode != "plaintext" and len(cfg.wechat.aes_key) != 43:
         raise ConfigError("config key 'wechat.aes_key': the EncodingAESKey must be 43 characters in compatible/safe mode")
     inf = cfg.inference

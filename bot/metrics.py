@@ -30,6 +30,7 @@ metric                                              recorded in
 ``healthbot_wechat_token_refreshes_total``          the WeChat access_token manager, per token fetched
 ``healthbot_wechat_api_errors_total{code}``         the WeChat API client, per failed call
 ``healthbot_telegram_retry_after_total{method}``    ``TelegramSender.call``: each 429 RetryAfter received
+``healthbot_feedback_total{topic,vote}``            ``FeedbackBook.vote`` (bot/feedback.py): each vote that counts
 ``healthbot_worker_*{worker}``                      ``inference.multiproc.worker_metrics.WorkerMetrics``: with
                                                     ``inference.device_processes``, each worker
                                                     process's ``healthbot_inference_*``,
@@ -40,7 +41,7 @@ Plus ``process_*`` (CPU seconds, resident memory bytes, open fds, start time) fr
 prometheus-client's process collector.
 
 Labels only take values from closed sets (channel names, intents, rule names
-from the safety tables, engine names, API error codes), never user text or ids.
+from the safety tables, engine names, API error codes, knowledge-base topic ids), never user text or ids.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ __all__ = [
     "REQUEST_LATENCY", "REQUESTS_IN_FLIGHT", "DEDUP_HITS", "SAFETY_OUTCOMES",
     "INFERENCE_QUEUE_TIME", "INFERENCE_BATCH_SIZE", "INFERENCE_BATCH_TOKENS", "INFERENCE_PENDING",
     "INFERENCE_DROPPED", "INFERENCE_ENGINE_TIME", "INFERENCE_WORKERS", "ENGINE_FALLBACKS", "ENGINE_CIRCUIT_STATE",
-    "WECHAT_TOKEN_REFRESHES", "WECHAT_API_ERRORS", "TELEGRAM_RETRY_AFTER",
+    "WECHAT_TOKEN_REFRESHES", "WECHAT_API_ERRORS", "TELEGRAM_RETRY_AFTER", "FEEDBACK",
     "CircuitState", "request_outcome", "observe_request", "record_safety", "record_fallback",
     "set_circuit_state",
 ]
@@ -122,6 +123,12 @@ TELEGRAM_RETRY_AFTER: Final = Counter(
     "healthbot_telegram_retry_after",
     "Telegram Bot API answers of 429 Too Many Requests (RetryAfter, flood control), by Bot API method.",
     ["method"], registry=REGISTRY)
+
+FEEDBACK: Final = Counter(
+    "healthbot_feedback",
+    "Votes on answers that counted (the first per user and answer; bot/feedback.py), by the answer's "
+    "knowledge-base topic and vote (helpful, not_helpful).",
+    ["topic", "vote"], registry=REGISTRY)
 
 # Known label values start at zero (Prometheus "avoid missing metrics").
 for _channel in CHANNELS:

@@ -1,7 +1,7 @@
 """A fake Telegram Bot API server on loopback (aiohttp), for python-telegram-bot's real client.
 
 Speaks the part of https://core.telegram.org/bots/api the bot uses: getMe,
-sendMessage, forwardMessage, copyMessage, answerCallbackQuery, setMyCommands,
+sendMessage, forwardMessage, copyMessage, answerCallbackQuery, editMessageReplyMarkup, setMyCommands,
 createForumTopic, closeForumTopic, reopenForumTopic, deleteForumTopic,
 setWebhook, deleteWebhook, getWebhookInfo and getUpdates. Requests are recorded
 (:attr:`FakeBotAPI.calls`); answers follow the Bot API's envelope
@@ -310,6 +310,11 @@ class FakeBotAPI:
         return self._thread_error(p["chat_id"], p) or self._ok({"message_id": next(self._ids)})
 
     def _m_answerCallbackQuery(self, p: dict[str, Any]) -> web.Response:
+        return self._ok(True)
+
+    def _m_editMessageReplyMarkup(self, p: dict[str, Any]) -> web.Response:
+        if "chat_id" not in p or "message_id" not in p:
+            return self._error(400, "Bad Request: message identifier is not specified")
         return self._ok(True)
 
     def _m_setMyCommands(self, p: dict[str, Any]) -> web.Response:

@@ -17,8 +17,10 @@ Endpoints, with WeChat's documented request and answer shapes (获取 Access tok
   classic tokens are independent: fetching one does not invalidate the other. Another
   method → 43002; a body that is not a JSON object → 47001; a bad grant_type → 40002;
   a wrong appid/secret → 40013 / 40125.
-* ``POST /cgi-bin/message/custom/send?access_token=`` and ``POST /cgi-bin/menu/create``
-  → ``{"errcode": 0, "errmsg": "ok"}``; a token that is not valid → 40001.
+* ``POST /cgi-bin/message/custom/send?access_token=`` (``msgtype`` ``text``, or ``msgmenu`` with
+  ``head_content``, a ``list`` of 1-10 ``{"id", "content"}`` and ``tail_content``) and
+  ``POST /cgi-bin/menu/create`` → ``{"errcode": 0, "errmsg": "ok"}``; a token that is not
+  valid → 40001; another message type or a malformed menu → 40008.
 
 Scripting: :meth:`FakeWechatApi.fail` makes the next N calls of a path answer an
 errcode (40001, 40014, 42001, 45009, 45047, ...), :meth:`FakeWechatApi.fail_http` an
@@ -57,6 +59,15 @@ ERRMSG = {
     47001: "data format error",
     -1: "system error",
 }
+
+
+def _is_menu(menu: Any) -> bool:
+    """A ``msgmenu`` as 发送菜单消息 documents it: head and tail texts, 1-10 lines of a non-empty id and content."""
+    return (isinstance(menu, dict) and isinstance(menu.get("head_content"), str)
+            and isinstance(menu.get("tail_content"), str) and isinstance(menu.get("list"), list)
+            and 1 <= len(menu["list"]) <= 10
+            and all(isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]
+                    and isinstance(item.get("content"), str) and item["content"] for item in menu["list"]))
 
 
 class FakeWechatApi:
@@ -108,8 +119,13 @@ class FakeWechatApi:
 
     @property
     def contents(self) -> list[str]:
-        """Texts of the accepted customer-service messages, in order."""
-        return [m["text"]["content"] for m in self.sent]
+        """Texts of the accepted customer-service text messages, in order."""
+        return [m["text"]["content"] for m in self.sent if m["msgtype"] == "text"]
+
+    @property
+    def menus_sent(self) -> list[dict[str, Any]]:
+        """The ``msgmenu`` objects of the accepted customer-service menu messages, in order."""
+        return [m["msgmenu"] for m in self.sent if m["msgtype"] == "msgmenu"]
 
     # ---- server
 
@@ -200,9 +216,10 @@ class FakeWechatApi:
         if refused is not None:
             return refused
         body = json.loads(raw)
-        if body.get("msgtype") != "text" or not body.get("touser"):
+        if body.get("msgtype") not in ("text", "msgmenu") or not body.get("touser") or (
+                body["msgtype"] == "msgmenu" and not _is_menu(body.get("msgmenu"))):
             return web.json_response({"errcode": 40008, "errmsg": "invalid message type"})
-        if len(body["text"]["content"].encode("utf-8")) > 2048:
+        if body["msgtype"] == "text" and len(body["text"]["content"].encode("utf-8")) > 2048:
             return web.json_response({"errcode": 45002, "errmsg": "content size out of limit"})
         self.sent.append(body)
         return web.json_response({"errcode": 0, "errmsg": "ok"})

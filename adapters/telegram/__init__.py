@@ -73,12 +73,18 @@ Commands:
   (``Dispatcher.forget_user``); the adapter forgets the /lang choice and the
   agents' topic link.
 * ``/lang`` — ``/lang en`` or ``/lang zh``, or buttons when given no argument (their
-  callback data must match :data:`~adapters.telegram.texts.LANG_BUTTON_RE` whole; any other button press
-  is answered with a short notice and changes nothing). The
+  callback data must match :data:`~adapters.telegram.texts.LANG_BUTTON_RE` whole; a press of
+  any button that is neither a language nor a feedback button is answered with a short notice
+  and changes nothing). The
   choice is kept per user in memory and sent as ``Inbound.lang``; without a
   choice ``Inbound.lang`` is None and the dispatcher detects the language from
   the text. The adapter's own texts (help, confirmations) use the choice, else
   the user's Telegram ``language_code`` (zh* → zh, other → en), else zh.
+
+Feedback: an answer (intent ``answer`` with a topic) carries 👍 / 👎 buttons when the adapter
+has a :class:`bot.feedback.FeedbackBook`; a press by the user who asked records their vote
+(the first one counts), is answered "谢谢反馈！" / "Thanks for the feedback!" and removes the
+buttons (:mod:`~adapters.telegram.feedback`).
 
 Sending (:class:`TelegramSender`): ``parse_mode=HTML`` with the whole text
 HTML-escaped — never MarkdownV2, whose 18 reserved characters fail on any one
@@ -100,6 +106,8 @@ Where each part lives (this package; the names below are re-exported for callers
 * :mod:`~adapters.telegram.parsing` — an ``Update`` → :class:`bot.types.Inbound`;
   :mod:`~adapters.telegram.update_checks` — field types checked before parsing.
 * :mod:`~adapters.telegram.sender` — sendMessage with retries, splitting, HTML escaping.
+* :mod:`~adapters.telegram.feedback` — the 👍 / 👎 buttons under answers and their presses
+  (votes kept by :mod:`bot.feedback`).
 * :mod:`~adapters.telegram.updates` — per-chat ordering of update processing.
 * :mod:`~adapters.telegram.handoff` — the agents' forum group (one topic per user).
 * :mod:`~adapters.telegram.texts` — the texts and command menu the adapter owns;

@@ -21,12 +21,14 @@ from adapters.body import BodyTooLarge, read_limited
 from adapters.telegram import constants as tc
 from adapters.telegram.admin import api_host, quiet_httpx, redact
 from adapters.telegram.commands import DispatcherLike, TelegramCommands
+from adapters.telegram.feedback import FEEDBACK_BUTTON_RE, FeedbackButtons
 from adapters.telegram.handoff import TelegramAgentRelay
 from adapters.telegram.sender import SendPolicy, TelegramSender
 from adapters.telegram.texts import COMMANDS
 from adapters.telegram.update_checks import update_problem
 from adapters.telegram.updates import PerChatUpdateProcessor
 from bot.config import Config, ConfigError, TelegramConfig
+from bot.feedback import FeedbackBook
 
 if TYPE_CHECKING:  # pragma: no cover
     from bot.handoff import HandoffManager
@@ -47,6 +49,8 @@ class TelegramAdapter(TelegramCommands):
             adapter registers its relay (when ``telegram.agent_chat`` is set) and
             :meth:`notify_user` with it.
         policy: retry rules for Bot API calls (tests shorten the waits).
+        feedback: where votes on answers go; with it, answers carry 👍 / 👎 buttons
+            (:mod:`adapters.telegram.feedback`).
 
     Raises:
         ConfigError: no ``telegram.token``, or a ``telegram.secret`` Telegram would
@@ -54,7 +58,7 @@ class TelegramAdapter(TelegramCommands):
     """
 
     def __init__(self, cfg: Config, dispatcher: DispatcherLike, handoff: HandoffManager,
-                 policy: SendPolicy | None = None):
+                 policy: SendPolicy | None = None, feedback: FeedbackBook | None = None):
         self.cfg: TelegramConfig = cfg.telegram
         self.safety = cfg.safety
         if not self.cfg.token:
@@ -79,6 +83,8 @@ class TelegramAdapter(TelegramCommands):
         if self.cfg.agent_chat:
             self.relay = TelegramAgentRelay(self.cfg.agent_chat, self.sender, handoff, self.ui_lang_of)
         handoff.register(tc.CHANNEL, self.relay, self.notify_user)
+        self.feedback_buttons = (FeedbackButtons(feedback, self.sender, self.ui_lang_of) if feedback is not None
+                                 else None)
         if not self.cfg.secret:
             log.warning("telegram.no_secret", hint="set HEALTHBOT_TELEGRAM_SECRET; POST /telegram answers 503 "
                         "until then (polling works without it)")
@@ -113,7 +119,9 @@ class TelegramAdapter(TelegramCommands):
         app.add_handler(CommandHandler("human", self._cmd_human, filters=message_only))
         app.add_handler(CommandHandler("stop", self._cmd_stop, filters=message_only))
         app.add_handler(CommandHandler("lang", self._cmd_lang, filters=message_only))
-        app.add_handler(CallbackQueryHandler(self._on_lang_button))  # every button; unknown data answered politely
+        if self.feedback_buttons is not None:
+            app.add_handler(CallbackQueryHandler(self.feedback_buttons.on_press, pattern=FEEDBACK_BUTTON_RE))
+        app.add_handler(CallbackQueryHandler(self._on_lang_button))  # every other button; unknown data answered politely
         app.add_handler(ChatMemberHandler(self._on_my_chat_member, ChatMemberHandler.MY_CHAT_MEMBER))
         app.add_handler(MessageHandler(filters.UpdateType.MESSAGES, self._on_message))
         app.add_error_handler(self._on_error)
@@ -301,7 +309,7 @@ TELEGRAM_ADAPTER = web.AppKey("telegram_adapter", TelegramAdapter)
 
 
 def setup_telegram(app: web.Application, cfg: Config, dispatcher: DispatcherLike, handoff: HandoffManager,
-                   *, policy: SendPolicy | None = None) -> TelegramAdapter:
+                   *, policy: SendPolicy | None = None, feedback: FeedbackBook | None = None) -> TelegramAdapter:
     """Add ``POST /telegram`` to ``app`` and run the Telegram application in its lifecycle.
 
     Args:
@@ -312,6 +320,7 @@ def setup_telegram(app: web.Application, cfg: Config, dispatcher: DispatcherLike
         dispatcher: ``async handle(Inbound) -> Reply``, deduplicating on (channel, message_id).
         handoff: the HandoffManager shared with the dispatcher.
         policy: retry rules (tests shorten the waits).
+        feedback: where votes on answers go (answers then carry 👍 / 👎 buttons).
 
     Returns:
         The adapter (also at ``app[TELEGRAM_ADAPTER]``). Call :func:`use_polling`
@@ -320,7 +329,7 @@ def setup_telegram(app: web.Application, cfg: Config, dispatcher: DispatcherLike
     Raises:
         ConfigError: see :class:`TelegramAdapter`.
     """
-    adapter = TelegramAdapter(cfg, dispatcher, handoff, policy=policy)
+    adapter = TelegramAdapter(cfg, dispatcher, handoff, policy=policy, feedback=feedback)
     app[TELEGRAM_ADAPTER] = adapter
     app.router.add_post(tc.WEBHOOK_PATH, adapter.handle_webhook)
 

@@ -19,6 +19,7 @@ from telegram.ext import ContextTypes
 
 from adapters.masking import mask_id
 from adapters.telegram import constants as tc
+from adapters.telegram.feedback import FeedbackButtons
 from adapters.telegram.handoff import USER_TEXTS, TelegramAgentRelay
 from adapters.telegram.parsing import parse_update
 from adapters.telegram.sender import TelegramSender
@@ -49,6 +50,7 @@ class TelegramCommands:
     sender: TelegramSender
     safety: SafetyConfig
     relay: TelegramAgentRelay | None
+    feedback_buttons: FeedbackButtons | None  # 👍 / 👎 under answers (adapters/telegram/feedback.py)
     langs: dict[str, str]          # user_id -> /lang choice
     _client_langs: dict[str, str]  # user_id -> from Telegram's language_code
     stats: dict[str, int]
@@ -90,7 +92,9 @@ class TelegramCommands:
             return
         self.stats["dispatched"] += 1
         if reply.text.strip():
-            await self._reply(message, reply.text)
+            buttons = self.feedback_buttons
+            await self._reply(message, reply.text,
+                              await buttons.keyboard(inbound, reply) if buttons is not None else None)
 
     def _text(self, key: str, user_id: str) -> str:
         lang = self.ui_lang_of(user_id)

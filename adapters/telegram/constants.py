@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from telegram.constants import ForumTopicLimit, MessageLimit, WebhookLimit
+from telegram.constants import ForumTopicLimit, InlineKeyboardButtonLimit, MessageLimit, WebhookLimit
 
 CHANNEL: Final = "telegram"
 """Value of :attr:`bot.types.Inbound.channel` for this adapter."""
@@ -81,6 +81,11 @@ MAX_TEXT_LENGTH: Final[int] = int(MessageLimit.MAX_TEXT_LENGTH)
 "1-4096 characters after entities parsing" (``telegram.constants.MessageLimit``).
 This adapter counts UTF-16 code units (how Telegram measures entity offsets), which
 is never fewer than characters, so a part it sends is never too long."""
+
+CALLBACK_DATA_MAX_BYTES: Final[int] = int(InlineKeyboardButtonLimit.MAX_CALLBACK_DATA)
+"""Most bytes of a button's ``callback_data``, 64. Source: Bot API, InlineKeyboardButton
+``callback_data``: "Data to be sent in a callback query to the bot when the button is pressed,
+1-64 bytes" (``telegram.constants.InlineKeyboardButtonLimit``)."""
 
 PARSE_MODE: Final = "HTML"
 """Every message is sent with ``parse_mode=HTML`` and its text HTML-escaped

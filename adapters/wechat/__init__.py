@@ -101,6 +101,8 @@ re-exported for callers):
 * :mod:`~adapters.wechat.late` — answers ready after their webhook answered: the
   customer-service API or the pending queue; shutdown hand-over and recovery.
 * :mod:`~adapters.wechat.store_state` — the store keys, their lifetimes and values.
+* :mod:`~adapters.wechat.feedback` — the 👍 / 👎 menu message after answers sent through the
+  customer-service API (``wechat.feedback_menu``, service accounts), and its clicks as votes.
 * :mod:`~adapters.wechat.pages` — long answers as pages; :mod:`~adapters.wechat.replies`
   — the passive reply XML; :mod:`~adapters.wechat.parsing` — the request XML;
   :mod:`~adapters.wechat.api` — the server API (token, customer service, menu);

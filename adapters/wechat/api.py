@@ -4,7 +4,8 @@
 An aiohttp client for four endpoints of the official-account server API
 (:mod:`adapters.wechat.constants` names each with its documentation page):
 ``/cgi-bin/stable_token`` (:data:`STABLE_TOKEN_PATH`) and, as its fallback,
-``/cgi-bin/token``; ``/cgi-bin/message/custom/send`` and ``/cgi-bin/menu/create``.
+``/cgi-bin/token``; ``/cgi-bin/message/custom/send`` (texts, and the ``msgmenu`` of
+feedback buttons) and ``/cgi-bin/menu/create``.
 
 Which token endpoint: the stable one (获取稳定版接口调用凭据, ``POST`` JSON with
 ``force_refresh: false``) by default: it answers the token that is current while it
@@ -384,6 +385,22 @@ class WechatApi:
         body: dict[str, Any] = {"touser": openid, "msgtype": "text", "text": {"content": text}}
         if kf_account:
             body["customservice"] = {"kf_account": kf_account}
+        return await self._send_custom(openid, body)
+
+    async def send_menu(self, openid: str, head: str, choices: list[tuple[str, str]], tail: str = "") -> SendOutcome:
+        """Send one customer-service menu message (``msgtype`` ``msgmenu``, 客服接口-发消息, 发送菜单消息) to
+        ``openid``: ``head``, then one clickable line per ``(id, content)`` of ``choices``, then ``tail``.
+
+        A click comes back as a text message whose ``Content`` is the choice's content and whose
+        ``bizmsgmenuid`` is its id. Service accounts only (others: errcode 40200, "invalid account
+        type"). Returns :class:`SendOutcome` as :meth:`send_text` does; never raises.
+        """
+        body = {"touser": openid, "msgtype": "msgmenu",
+                "msgmenu": {"head_content": head, "list": [{"id": i, "content": c} for i, c in choices],
+                            "tail_content": tail}}
+        return await self._send_custom(openid, body)
+
+    async def _send_custom(self, openid: str, body: dict[str, Any]) -> SendOutcome:
         try:
             await self.call("POST", wc.CUSTOM_SEND_PATH, body, user=openid)
         except WechatApiError as exc:

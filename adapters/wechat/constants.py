@@ -82,7 +82,9 @@ invalidates the previous token (after an overlap, see
 
 CUSTOM_SEND_PATH: Final = "/cgi-bin/message/custom/send"
 """POST ``?access_token=...`` with ``{"touser", "msgtype": "text", "text": {"content"}}``
-(+ ``"customservice": {"kf_account"}``). Source: 客服消息 / 客服接口-发消息. Only
+(+ ``"customservice": {"kf_account"}``), or ``"msgtype": "msgmenu"`` with ``"msgmenu":
+{"head_content", "list": [{"id", "content"}], "tail_content"}`` (发送菜单消息: a click comes
+back as a text message carrying ``<bizmsgmenuid>``). Source: 客服消息 / 客服接口-发消息. Only
 for accounts with the customer-service permission (verified service accounts)."""
 
 MENU_CREATE_PATH: Final = "/cgi-bin/menu/create"

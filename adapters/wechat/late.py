@@ -20,6 +20,7 @@ import structlog
 from adapters.masking import mask_id
 from adapters.wechat import constants as wc
 from adapters.wechat.api import SendOutcome, WechatApi
+from adapters.wechat.feedback import send_feedback_menu
 from adapters.wechat.pages import Pages, paginate
 from adapters.wechat.parsing import strip_invalid_xml_chars
 from adapters.wechat.store_state import (DELIVERED_KEY, DELIVERY_STATE_TTL_S, MORE_KEY, MORE_TTL_S, PENDING_KEY,
@@ -27,6 +28,7 @@ from adapters.wechat.store_state import (DELIVERED_KEY, DELIVERY_STATE_TTL_S, MO
                                          inbound_from_json, inbound_to_json, question_snippet, via)
 from bot.admission import Admission
 from bot.config import WechatConfig
+from bot.feedback import FeedbackBook
 from bot.store import Store
 from bot.types import Inbound, Intent, Reply
 from safety.pii import mask_pii
@@ -63,6 +65,8 @@ class LateDelivery:
     _closing: bool
     #: The app's admission control (its shutdown deadline bounds a delivery's wait).
     admission: Admission | None
+    #: Votes on answers (bot/feedback.py); the menu is sent only with ``wechat.feedback_menu``.
+    feedback: FeedbackBook | None
 
     @property
     def service(self) -> bool:
@@ -113,7 +117,7 @@ class LateDelivery:
             self.stats["late_kf"] += 1
             log.info("wechat.late_answer_kf", message_id=inbound.message_id, user=mask_id(inbound.user_id, head=6))
             await self._send_pages(inbound.user_id, paginate(text, reply.lang, wc.KF_TEXT_MAX_BYTES), 0,
-                                   inbound.message_id, question)
+                                   inbound.message_id, question, reply)
             return
         if reply.intent is Intent.HANDOFF:
             # Too late for transfer_customer_service; the dispatcher has started the
@@ -130,16 +134,18 @@ class LateDelivery:
         self.stats["late_pending"] += 1
         log.info("wechat.answer_pending", message_id=inbound.message_id, user=mask_id(inbound.user_id, head=6))
 
-    async def _send_later(self, openid: str, pages: Pages, start: int, msgid: str, question: str) -> None:
+    async def _send_later(self, openid: str, pages: Pages, start: int, msgid: str, question: str,
+                          reply: Reply | None = None) -> None:
         """:meth:`_send_pages` after :data:`KF_FOLLOW_UP_DELAY_S` (so they follow the passive reply)."""
         try:
             await asyncio.sleep(KF_FOLLOW_UP_DELAY_S)
-            await self._send_pages(openid, pages, start, msgid, question)
+            await self._send_pages(openid, pages, start, msgid, question, reply)
         except Exception:  # noqa: BLE001
             self.stats["store_errors"] += 1
             log.exception("wechat.error", stage="kf_pages", message_id=msgid)
 
-    async def _send_pages(self, openid: str, pages: Pages, start: int, msgid: str, question: str) -> None:
+    async def _send_pages(self, openid: str, pages: Pages, start: int, msgid: str, question: str,
+                          reply: Reply | None = None) -> None:
         """Send ``pages.bodies[start:]`` through the customer-service API, in order.
 
         At most :data:`~adapters.wechat.constants.KF_MESSAGES_PER_USER_MESSAGE`
@@ -147,6 +153,8 @@ class LateDelivery:
         those wait under :data:`MORE_KEY`. A message WeChat refused (45047, 45015,
         45009, …) and everything after it go to the pending queue; a message whose
         fate is unknown (timeout) is not queued again (it may have arrived), the rest is.
+        When every page went out with a message of the quota to spare, ``reply`` (the answer
+        to ``msgid``) is followed by the feedback menu, if on (adapters/wechat/feedback.py).
         """
         assert self.store is not None and self.api is not None
         n = len(pages.bodies)
@@ -175,6 +183,8 @@ class LateDelivery:
                 if last_allowed:
                     await self.store.set(MORE_KEY.format(openid=openid), pages.to_json(i + 1), MORE_TTL_S)
                     return
+                if i == n - 1 and reply is not None and n - start < wc.KF_MESSAGES_PER_USER_MESSAGE:
+                    await self._feedback_menu(openid, msgid, reply)
                 continue
             if outcome is SendOutcome.UNKNOWN:
                 self.stats["kf_unknown"] += 1
@@ -187,6 +197,12 @@ class LateDelivery:
                 log.info("wechat.kf_failed_answer_pending", message_id=msgid,
                          user=mask_id(openid, head=6), from_page=rest + 1)
             return
+
+    async def _feedback_menu(self, openid: str, msgid: str, reply: Reply) -> None:
+        """The 👍 / 👎 menu after ``reply`` when ``wechat.feedback_menu`` is on (adapters/wechat/feedback.py)."""
+        if self.cfg.feedback_menu and self.feedback is not None and self.api is not None and not self._closing:
+            if await send_feedback_menu(self.api, self.feedback, openid, msgid, reply):
+                self.stats["feedback_menus"] += 1
 
     async def _queue_rest(self, openid: str, pages: Pages, rest: int, msgid: str, question: str) -> None:
         """Pages ``rest`` on of an answer into the user's pending queue (their next passive reply)."""

@@ -4,7 +4,8 @@ docstring, "The deadline" and "Long answers").
 The delivery of each answer is claimed once in the store (:data:`DELIVERED_KEY`):
 a passive reply carries it (page 1 of a long answer, after what was pending for
 the user), replays it to a re-delivery, or leaves it to the late path
-(:class:`~adapters.wechat.late.LateDelivery`); a user's "1" gets the next unread page.
+(:class:`~adapters.wechat.late.LateDelivery`); a user's "1" gets the next unread page; a click on
+a feedback menu line is a vote, thanked passively (adapters/wechat/feedback.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import structlog
 
 from adapters.masking import mask_id
 from adapters.wechat import constants as wc
+from adapters.wechat.feedback import click_reply
 from adapters.wechat.late import LateDelivery
 from adapters.wechat.pages import CONTINUE_WORDS, Pages, paginate
 from adapters.wechat.parsing import strip_invalid_xml_chars
@@ -42,6 +44,10 @@ class PassiveDelivery(LateDelivery):
             await self._answer(inbound, budget_s, late=False)  # the core sees it too; nothing can be sent
             await self._forget(inbound.user_id)
             return NO_ANSWER
+        if self.feedback is not None:  # a click on a 👍 / 👎 menu line is a vote, not a question
+            thanks = await click_reply(self.feedback, inbound)
+            if thanks is not None:
+                return PassiveAnswer("text", thanks)
         if self.store is not None and inbound.kind is MessageKind.TEXT and inbound.text.strip() in CONTINUE_WORDS:
             try:
                 out = await self._continuation(inbound)
@@ -167,7 +173,7 @@ class PassiveDelivery(LateDelivery):
             return PassiveAnswer("text", pages.page(0))
         if self.service:
             await self.store.delete(more_key)
-            self._spawn(self._send_later(openid, pages, 1, inbound.message_id, ""))
+            self._spawn(self._send_later(openid, pages, 1, inbound.message_id, "", reply if own else None))
             return PassiveAnswer("text", pages.page(0))
         await self.store.set(more_key, pages.to_json(1), MORE_TTL_S)
         return PassiveAnswer("text", pages.page(0, more=True))

@@ -29,6 +29,7 @@ from adapters.wechat.replies import render_text_reply, render_transfer_reply
 from adapters.wechat.store_state import NO_ANSWER, REPLAY_KEY, DispatcherLike, PassiveAnswer
 from bot.admission import ADMISSION_KEY, Admission
 from bot.config import Config, ConfigError
+from bot.feedback import FeedbackBook
 from bot.handoff import HandoffManager, PlatformAgentRelay
 from bot.store import Store, open_store
 from bot.store.health import store_unavailable
@@ -61,12 +62,15 @@ class WechatAdapter(PassiveDelivery):
             one, replies are passive only (a late answer waits in the dispatcher's
             dedup cache for a re-delivery).
         api: the server-API client (default: one on ``store`` for service accounts).
+        feedback: where votes on answers go: clicks on a feedback menu line are votes, and with
+            ``wechat.feedback_menu`` answers sent through the API are followed by the menu
+            (adapters/wechat/feedback.py).
 
     Attributes:
         stats: counters for metrics — ``passive``, ``deferred`` (budget missed),
             ``replayed``, ``late_kf``, ``late_pending``, ``pending_delivered``,
             ``kf_pages``, ``kf_fallback_pending``, ``kf_unknown``, ``continuations``,
-            ``transfers``, ``unsubscribes``, ``store_errors``. The API client's own
+            ``transfers``, ``unsubscribes``, ``store_errors``, ``feedback_menus``. The API client's own
             counters are at ``api.stats``.
 
     Raises:
@@ -76,7 +80,8 @@ class WechatAdapter(PassiveDelivery):
     """
 
     def __init__(self, cfg: Config, dispatcher: DispatcherLike, store: Store | None = None,
-                 api: WechatApi | None = None, handoff: HandoffManager | None = None):
+                 api: WechatApi | None = None, handoff: HandoffManager | None = None,
+                 feedback: FeedbackBook | None = None):
         self.cfg = cfg.wechat
         handoff = handoff if handoff is not None else getattr(dispatcher, "handoff", None)
         if self.cfg.token and hasattr(handoff, "register"):
@@ -111,6 +116,7 @@ class WechatAdapter(PassiveDelivery):
         self._closing = False
         #: The app's admission control (its shutdown deadline bounds a delivery's wait).
         self.admission: Admission | None = None
+        self.feedback = feedback
         self._user_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         if store is not None:
             self.attach(store)
@@ -310,7 +316,7 @@ WECHAT_ADAPTER = web.AppKey("wechat_adapter", WechatAdapter)
 
 
 def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, store: Store | None = None,
-                 handoff: HandoffManager | None = None) -> None:
+                 handoff: HandoffManager | None = None, feedback: FeedbackBook | None = None) -> None:
     """Add ``GET /wechat`` (URL verification) and ``POST /wechat`` (messages) to ``app``.
 
     Args:
@@ -324,6 +330,7 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
             the app's cleanup context (closed on cleanup).
         handoff: the app's handoff manager: told that WeChat's customer-service system
             takes handed-off chats (default: the dispatcher's, if it has one).
+        feedback: where votes on answers go (see :class:`WechatAdapter`).
 
     At start-up, messages a stopped process left unfinished are answered
     (:meth:`WechatAdapter.recover`). On shutdown, computations and deliveries still
@@ -335,7 +342,7 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
         ConfigError: see :class:`WechatAdapter`.
         bot.store.StoreError: at start-up, the store cannot be opened.
     """
-    adapter = WechatAdapter(cfg, dispatcher, store=store, handoff=handoff)
+    adapter = WechatAdapter(cfg, dispatcher, store=store, handoff=handoff, feedback=feedback)
     adapter.admission = app.get(ADMISSION_KEY)
     app[WECHAT_ADAPTER] = adapter
     app.router.add_get("/wechat", adapter.handle_get)

@@ -40,7 +40,7 @@ UNREACHABLE: Final = "unreachable"
 #: The ``operation`` label's values (a closed set): where a store call was given up on.
 OPERATIONS: Final = ("dedup", "rate_limit", "session_get", "session_save", "handoff_active", "handoff_relay",
                      "handoff_start", "handoff_end", "handoff_agent_message", "transcript", "replay_check",
-                     "unanswered")
+                     "unanswered", "feedback")
 
 STORE_UNAVAILABLE: Final = Counter(
     "healthbot_store_unavailable",
@@ -48,7 +48,7 @@ STORE_UNAVAILABLE: Final = Counter(
     "without: the reply was still computed and delivered. By operation: dedup (claim or finished "
     "reply), rate_limit, session_get, session_save, handoff_active, handoff_relay, handoff_start, "
     "handoff_end, handoff_agent_message, transcript, unanswered (recording a question the bot could "
-    "not answer, bot/unanswered.py).",
+    "not answer, bot/unanswered.py), feedback (offering an answer for a vote, or recording one: bot/feedback.py).",
     ["operation"], registry=metrics.REGISTRY)
 for _operation in OPERATIONS:
     STORE_UNAVAILABLE.labels(operation=_operation)
