@@ -12,6 +12,7 @@ EVAL   ?= ../shared/eval/dev.jsonl
 .PHONY: serve test model eval bench kb-check clean
 
 $(STAMP): pyproject.toml
+	@echo "healthbot: installing the Python dependencies into $(VENV)/ (first run: a few minutes, quiet)..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# CPU build of PyTorch (only model preparation uses it; serving needs ONNX Runtime alone)
@@ -20,6 +21,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 engines/manifest.json: | $(STAMP)
+	@echo "healthbot: preparing the default model into engines/ (first run, once)..."
 	$(BIN)/healthbot prepare-model
 
 model: engines/manifest.json

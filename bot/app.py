@@ -294,6 +294,23 @@ async def shut_down(app: web.Application, runner: web.AppRunner, timeout_s: floa
     return True
 
 
+def ready_line(cfg: Config) -> str:
+    """The line ``healthbot serve`` prints once it answers (the model loaded, the port open): its
+    address, the routes open, and the channels left off for want of their secrets, e.g.
+    ``healthbot ready: http://127.0.0.1:8080 (POST /api/v1/chat, …; not configured: WeChat, …)``."""
+    routes = ["POST /api/v1/chat", "API document /api/v1/openapi.json"]
+    off = []
+    for name, secret, route in (("WeChat", cfg.wechat.token, "/wechat"), ("Telegram", cfg.telegram.token, "/telegram"),
+                                ("agent console", cfg.console.token, "/console")):
+        if secret:
+            routes.append(f"{name} {route}")
+        else:
+            off.append(name)
+    metrics = f"/metrics on port {cfg.server.metrics_port}" if cfg.server.metrics_port else "/metrics"
+    left = f"; not configured: {', '.join(off)}" if off else ""
+    return f"healthbot ready: http://{cfg.server.host}:{cfg.server.port} ({', '.join(routes)}, /healthz, /readyz, {metrics}{left})"
+
+
 async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = False) -> int:
     """Serve ``app`` on ``server.host:server.port`` until SIGTERM or SIGINT, then shut down gracefully.
 
@@ -330,6 +347,7 @@ async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = Fals
         log.info("serving", host=cfg.server.host, port=cfg.server.port, shutdown_timeout_s=timeout_s,
                  max_connections=admission.gate.cap if admission is not None else None,
                  metrics_port=cfg.server.metrics_port or cfg.server.port)
+        print(ready_line(cfg), file=sys.stderr, flush=True)
         await stop.wait()
         log.info("shutdown_started", signal=received[0], timeout_s=timeout_s)
         if exit_watchdog:

@@ -35,6 +35,7 @@ import structlog
 import yaml
 
 from bot.knowledge import LANGS, KnowledgeBase
+from bot.logs import logged_step
 from bot.retrieval import embed_all
 from bot.terms import canonical_terms
 from safety.normalize import normalize
@@ -237,10 +238,12 @@ class DecisionHead:
         known = known if known is not None else {}  # updated in place: the caller may reuse the vectors
         texts = [t for t, _ in rows]
         missing = [t for t in dict.fromkeys(texts) if t not in known]
-        known.update(zip(missing, await embed_all(encoder, missing)))
-        x = np.stack([known[t] for t in texts]).astype(np.float32)
-        y = np.asarray([LABELS.index(label) for _, label in rows])
-        net, temperature, report = fit_head(x, y)
+        with logged_step(log, "decision_head_training", lines=len(rows), texts_to_embed=len(missing),
+                         cached_afterwards_in=str(cache_dir) if cache_dir else "nowhere"):
+            known.update(zip(missing, await embed_all(encoder, missing)))
+            x = np.stack([known[t] for t in texts]).astype(np.float32)
+            y = np.asarray([LABELS.index(label) for _, label in rows])
+            net, temperature, report = fit_head(x, y)
         if cache:
             save_network(cache, net, temperature, report)
         log.info("decision_head", cached=False, **report)

@@ -53,8 +53,8 @@ from bot.version import package_version
 
 def _ensure_model(cfg: Config) -> None:
     if not (cfg.engines_path / "manifest.json").exists():
-        print("engines/manifest.json missing: preparing the default model (healthbot prepare-model)...",
-              file=sys.stderr)
+        print(f"healthbot: {cfg.engines_path / 'manifest.json'} missing: preparing the default model once "
+              "(healthbot prepare-model; a few minutes)...", file=sys.stderr)
         from inference.model.prepare import prepare_model
         prepare_model(cfg.engines_path)
 
@@ -62,9 +62,10 @@ def _ensure_model(cfg: Config) -> None:
 def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
     from bot.app import create_app, serve
     _ensure_model(cfg)
-    print(f"healthbot: loading the model, then serving on http://{cfg.server.host}:{cfg.server.port} "
-          f"(POST /wechat, POST /api/v1/chat (API: GET /api/v1/openapi.json), GET /healthz, /readyz, /metrics); the port opens at the "
-          f"'serving' log line", file=sys.stderr)
+    print(f"healthbot: starting (model in {cfg.engines_path}, data in {cfg.path(cfg.data_dir)}); the first start "
+          "embeds the knowledge base and trains the decision head, a few minutes once (cached in "
+          f"{cfg.engines_path / 'cache'}), later starts take seconds; a 'healthbot ready' line follows",
+          file=sys.stderr)
     app = create_app(cfg)
     if args.telegram_polling:
         from adapters.telegram import use_polling

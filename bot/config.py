@@ -9,6 +9,14 @@ Environment overrides: ``HEALTHBOT_<SECTION>_<KEY>`` (e.g.
 ``HEALTHBOT_INFERENCE_MAX_QUEUE_DELAY_MS=5``), plus the documented short names
 ``HEALTHBOT_WECHAT_TOKEN``, ``HEALTHBOT_WECHAT_APPID``, ``HEALTHBOT_WECHAT_AES_KEY``,
 ``HEALTHBOT_WECHAT_APPSECRET``.
+
+Relative paths (``data_dir``, ``inference.engines_dir``, ``knowledge.kb_dir``) resolve
+against one base folder (:func:`base_dir`): the source checkout when the package runs
+from one (``make serve``, ``make test``, ``python -m bot.cli``: ``engines/`` and ``data/``
+in the checkout), else the user's data folder from platformdirs
+(``~/.local/share/healthbot`` on Linux, ``$XDG_DATA_HOME/healthbot`` when that is set),
+never the installed package. Absolute paths are used as they are, e.g.
+``HEALTHBOT_DATA_DIR=/srv/healthbot/data``.
 """
 
 from __future__ import annotations
@@ -22,11 +30,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import platformdirs
+
 from bot.decision import DecisionConfig
 from inference.config import ConfigError, InferenceConfig
 from safety.config import SafetyConfig
 
+#: The folder above the package: the source checkout when running from one (tests use it).
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def base_dir() -> Path:
+    """The folder relative paths resolve against: :data:`REPO_ROOT` when it is a source checkout
+    (its ``pyproject.toml`` beside the ``bot`` package), else the user data folder
+    ``platformdirs.user_data_dir("healthbot")`` (``~/.local/share/healthbot`` on Linux), so an
+    installed package never writes into site-packages."""
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT
+    return Path(platformdirs.user_data_dir("healthbot", appauthor=False))
 
 
 @dataclass
@@ -203,9 +224,9 @@ class Config:
     store_url: str = ""
 
     def path(self, value: str) -> Path:
-        """Resolve a configured path relative to the repository root."""
+        """A configured path, absolute as it is, relative against :func:`base_dir`."""
         p = Path(value)
-        return p if p.is_absolute() else REPO_ROOT / p
+        return p if p.is_absolute() else base_dir() / p
 
     @property
     def effective_store_url(self) -> str:
@@ -214,6 +235,7 @@ class Config:
 
     @property
     def engines_path(self) -> Path:
+        """The prepared model's folder (``inference.engines_dir`` resolved by :meth:`path`)."""
         return self.path(self.inference.engines_dir)
 
     @property

@@ -36,6 +36,7 @@ import functools
 import logging
 import re
 import sys
+import time
 import uuid
 from typing import Any, Iterable, Iterator, TextIO
 
@@ -46,7 +47,7 @@ from safety.pii import mask_pii
 
 __all__ = ["LOG_FORMATS", "REQUEST_ID_HEADER", "configure_logging", "config_secrets", "mask_personal_data",
            "SecretScrubber", "ClientErrorFilter", "new_request_id", "request_id_from_header", "ensure_request_id",
-           "current_request_id"]
+           "current_request_id", "logged_step"]
 
 #: Accepted values of ``--log-format``.
 LOG_FORMATS = ("auto", "json", "console")
@@ -111,6 +112,18 @@ def ensure_request_id() -> Iterator[str]:
     rid = new_request_id()
     with structlog.contextvars.bound_contextvars(request_id=rid):
         yield rid
+
+
+@contextlib.contextmanager
+def logged_step(logger: Any, event: str, **fields: Any) -> Iterator[None]:
+    """Progress of a long step: log ``<event>_started`` with ``fields`` (info), run the block,
+    then ``<event>_done`` with ``fields`` and ``seconds`` (wall clock, 0.1 s). For the start-up
+    work that takes minutes once and is cached afterwards (embedding the knowledge base,
+    training the decision head). An exception leaves the block without a done line."""
+    logger.info(f"{event}_started", **fields)
+    started = time.monotonic()
+    yield
+    logger.info(f"{event}_done", seconds=round(time.monotonic() - started, 1), **fields)
 
 
 # ------------------------------------------------------------------ processors

@@ -33,6 +33,7 @@ import yaml
 
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.lexical import BM25, tokenize
+from bot.logs import logged_step
 from bot.terms import canonical_terms
 from bot.topic_scope import TopicScope
 from inference.batcher import DeadlineExceeded
@@ -164,7 +165,7 @@ async def embed_all(encoder: TextEncoder, texts: list[str], prefix: str = "query
 
     A call past the encoder's request deadline (``inference.deadline_ms``: a CPU
     shared with other work at start-up) is not fatal: the chunk is halved and tried
-    again, down to one text a call.
+    again, down to one text a call (logged at info; at one text a call, overloaded: a warning).
 
     Raises:
         DeadlineExceeded: one text alone did not finish within the deadline.
@@ -175,11 +176,13 @@ async def embed_all(encoder: TextEncoder, texts: list[str], prefix: str = "query
         chunk = texts[len(out):len(out) + size]
         try:
             out.extend(await encoder.encode(chunk, prefix=prefix))
-        except DeadlineExceeded as exc:
+        except DeadlineExceeded:
             if size == 1:
                 raise
             size //= 2
-            log.warning("kb_embedding_slow", error=str(exc), texts_per_call=size, done=len(out), total=len(texts))
+            (log.warning if size == 1 else log.info)(
+                "kb_embedding_smaller_calls", texts_per_call=size, done=len(out), total=len(texts),
+                why=f"{2 * size} texts took longer than inference.deadline_ms")
     return out
 
 
@@ -294,9 +297,11 @@ class Retriever:
         if vectors is None:
             known = dict(known or {})
             missing = list(dict.fromkeys(t for t in texts if t not in known))
-            known.update(zip(missing, await embed_all(encoder, missing)))
-            missing = [p for p in passages if p not in known]
-            known.update(zip(missing, await embed_all(encoder, [p[len(PASSAGE):] for p in missing], prefix=PASSAGE)))
+            new = [p for p in passages if p not in known]
+            with logged_step(log, "kb_embedding", texts=len(missing) + len(new),
+                             cached_afterwards_in=str(cache_dir) if cache_dir else "nowhere"):
+                known.update(zip(missing, await embed_all(encoder, missing)))
+                known.update(zip(new, await embed_all(encoder, [p[len(PASSAGE):] for p in new], prefix=PASSAGE)))
             vectors = np.stack([known[t] for t in texts + passages]).astype(np.float32)
             if cache:
                 cache.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from bot.config import Config
 from bot.dispatcher import Dispatcher
 from bot.handoff import HandoffManager
 from bot.knowledge import load_knowledge_base
+from bot.logs import logged_step
 from bot.retrieval import Retriever
 from bot.store import open_store
 from inference.encoder import open_encoder
@@ -67,15 +68,17 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None, *,
         handoff.store = store
     encoder = await open_encoder(cfg.inference, cfg.engines_path, log_setup="bot.logs:configure_logging")
     try:
-        retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
-                                          model_digest=model_digest(cfg) + encoder.variant)
+        # indexing the topics (scopes, BM25) takes seconds to tens of seconds at every start
+        with logged_step(log, "retrieval_index", topics=len(kb)):
+            retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
+                                              model_digest=model_digest(cfg) + encoder.variant)
         known = retriever.known_vectors()  # texts embedded once, shared by both trainings
         head = await DecisionHead.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
                                         model_digest=model_digest(cfg) + encoder.variant, known=known)
         fit = await TopicFit.build(retriever, cache_dir=cfg.engines_path / "cache",
                                    model_digest=model_digest(cfg) + encoder.variant, known=known)
         dispatcher = Dispatcher(cfg, retriever, head, fit, handoff, store)
-        log.info("ready", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
+        log.info("loaded", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
         try:
             yield dispatcher
         finally:

@@ -44,6 +44,7 @@ import structlog
 
 from bot.classifier import (DATA_DIR, HELD_OUT, SEED, Network, expected_calibration_error, fit_network,
                             load_network, query_text, save_network)
+from bot.logs import logged_step
 from bot.retrieval import Retriever, embed_all
 
 log = structlog.get_logger("healthbot.topic_fit")
@@ -149,9 +150,11 @@ class TopicFit:
         known = known if known is not None else {}
         texts = [query_text(r["q"]) for r in rows]
         missing = [t for t in dict.fromkeys(texts) if t not in known]
-        known.update(zip(missing, await embed_all(retriever.encoder, missing)))
-        x, y = training_pairs(retriever, rows, [known[t] for t in texts])
-        net, temperature, report = fit_verifier(x, y)
+        with logged_step(log, "topic_fit_training", lines=len(rows), texts_to_embed=len(missing),
+                         cached_afterwards_in=str(cache_dir) if cache_dir else "nowhere"):
+            known.update(zip(missing, await embed_all(retriever.encoder, missing)))
+            x, y = training_pairs(retriever, rows, [known[t] for t in texts])
+            net, temperature, report = fit_verifier(x, y)
         if cache:
             save_network(cache, net, temperature, report)
         log.info("topic_fit", cached=False, **report)

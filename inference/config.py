@@ -18,6 +18,10 @@ class ConfigError(ValueError):
 class InferenceConfig:
     """Inference pool and dynamic batcher (ARCHITECTURE.md, "The inference pool").
 
+    ``engines_dir``: the prepared model's folder (``healthbot prepare-model``); a relative
+    path resolves against the source checkout, or for an installed package the user data
+    folder (bot/config.py ``base_dir``).
+
     ``max_queue_delay_ms``: how long a batch may wait for more requests after its
     first one (Triton's ``max_queue_delay_microseconds``; 0 = never wait).
     ``idle_dispatch``: an idle engine runs what waits at once (default true);

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -27,19 +28,23 @@ class ServeProcess:
     """One ``healthbot serve --port PORT`` process (a free port), started from the repository root
     with the environment ``env`` (the whole environment: merge ``os.environ`` in yourself).
 
+    ``command`` / ``cwd``: the ``healthbot`` command and the folder it starts in (default: this
+    checkout's code, ``python -m bot.cli``, from the repository root).
+
     Attributes:
         name: for failure messages; port, base: where it listens (``http://127.0.0.1:PORT``);
         log: its stderr file; proc: the process.
     """
 
-    def __init__(self, env: dict[str, str], log: Path, name: str = "server") -> None:
+    def __init__(self, env: dict[str, str], log: Path, name: str = "server", *,
+                 command: Sequence[str] = (sys.executable, "-m", "bot.cli"), cwd: Path = REPO_ROOT) -> None:
         self.name = name
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--port", str(self.port)],
-                                         env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=out)
+            self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port)],
+                                         env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=out)
 
     def _log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]

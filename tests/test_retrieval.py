@@ -6,6 +6,7 @@ import hashlib
 
 import numpy as np
 import pytest
+import structlog
 
 from bot.knowledge import load_knowledge_base
 from bot.retrieval import EMBED_CHUNK, Retriever
@@ -37,7 +38,8 @@ def vector(text: str) -> np.ndarray:
 async def test_a_slow_start_halves_the_chunks_and_embeds_every_question():
     kb = load_knowledge_base()
     slow = SlowEncoder(fits=EMBED_CHUNK // 4)
-    retriever = await Retriever.build(kb, slow)
+    with structlog.testing.capture_logs() as logs:
+        retriever = await Retriever.build(kb, slow)
     texts, _ = Retriever.example_texts(kb)
     assert retriever.vectors.shape == (len(texts), 384)
     np.testing.assert_array_equal(retriever.vectors, np.stack([vector(t) for t in texts]))
@@ -50,10 +52,20 @@ async def test_a_slow_start_halves_the_chunks_and_embeds_every_question():
         assert calls[:3] == [EMBED_CHUNK, EMBED_CHUNK // 2, EMBED_CHUNK // 4]
         assert set(calls[2:-1]) <= {EMBED_CHUNK // 4} and 1 <= calls[-1] <= EMBED_CHUNK // 4
     assert retriever.answer_vectors.shape == (2 * len(kb.topics), 384)
+    # Progress at info level: how many texts, each halving, and the duration; no warning.
+    events = [(e["event"], e["log_level"]) for e in logs]
+    assert events[0] == ("kb_embedding_started", "info") and events[-1] == ("kb_embedding_done", "info")
+    assert set(events[1:-1]) == {("kb_embedding_smaller_calls", "info")} and len(events) == 6
+    assert logs[0]["texts"] == sum(n for n in slow.calls if n <= slow.fits) and logs[-1]["seconds"] >= 0
+    assert logs[1]["why"] == f"{EMBED_CHUNK} texts took longer than inference.deadline_ms"
 
 
 async def test_start_fails_with_the_deadline_when_one_text_alone_is_too_slow():
     slow = SlowEncoder(fits=0)
-    with pytest.raises(DeadlineExceeded):
+    with structlog.testing.capture_logs() as logs, pytest.raises(DeadlineExceeded):
         await Retriever.build(load_knowledge_base(), slow)
     assert slow.calls == [64, 32, 16, 8, 4, 2, 1]
+    # halving is progress (info); one text a call is an overloaded CPU (a warning)
+    assert [(e["texts_per_call"], e["log_level"]) for e in logs if e["event"] == "kb_embedding_smaller_calls"] == [
+        (32, "info"), (16, "info"), (8, "info"), (4, "info"), (2, "info"), (1, "warning")]
+

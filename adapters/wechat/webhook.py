@@ -121,7 +121,7 @@ class WechatAdapter(PassiveDelivery):
         if store is not None:
             self.attach(store)
         if not self.cfg.token:
-            log.warning("wechat.not_configured", hint="set HEALTHBOT_WECHAT_TOKEN; /wechat answers 503 until then")
+            log.info("wechat.not_configured", hint="set HEALTHBOT_WECHAT_TOKEN; /wechat answers 503 until then")
 
     def attach(self, store: Store) -> None:
         """Use ``store`` from now on (and, for a service account, a :class:`WechatApi` on it)."""
