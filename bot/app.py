@@ -23,6 +23,7 @@ from bot.handoff import HandoffManager
 from bot.http_errors import json_errors_middleware
 from bot.logs import REQUEST_ID_HEADER, request_id_from_header
 from bot.metrics_endpoint import setup_metrics
+from bot.model_reload import ModelReloader, read_manifest, setup_admin
 from bot.reload import watch_knowledge_base
 from bot.runtime import open_dispatcher
 from bot.store.health import check_store
@@ -31,6 +32,7 @@ log = structlog.get_logger("healthbot.app")
 
 CONFIG_KEY = web.AppKey("config", Config)
 HANDOFF_KEY = web.AppKey("handoff", HandoffManager)
+MODEL_RELOADER_KEY = web.AppKey("model_reloader", ModelReloader)
 
 #: Longest wait for the store's ping in ``/readyz``, seconds (Kubernetes' default
 #: probe ``timeoutSeconds`` is 1 s: the probe must answer well within it).
@@ -117,7 +119,7 @@ class _LateDispatcher:
         await self.target.forget_user(channel, user_id)
 
 
-async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
+async def readiness(dispatcher, state: ServerState, model: dict | None = None) -> tuple[int, dict]:
     """``/readyz``: ``(HTTP status, body)``.
 
     200 when the model is loaded (the dispatcher exists) and, if the dispatcher has a
@@ -128,7 +130,8 @@ async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
     runs (``inference.device_processes``; they are being restarted), and once shutdown
     has begun. The body says which: ``ready``, ``model_loaded``, ``shutting_down``, and
     once loaded ``engine`` (e.g. ``"onnxruntime"``), ``topics`` (count), ``store`` (``ok`` |
-    ``unwritable`` | ``unreachable``) and with worker processes ``inference_processes`` (``"alive/all"``).
+    ``unwritable`` | ``unreachable``), with worker processes ``inference_processes`` (``"alive/all"``),
+    and ``model`` when given: the version serving (bot/model_reload.py ``ModelVersion``).
     """
     body: dict = {"ready": False, "model_loaded": dispatcher is not None, "shutting_down": state.shutting_down}
     if dispatcher is None:
@@ -136,6 +139,8 @@ async def readiness(dispatcher, state: ServerState) -> tuple[int, dict]:
     encoder = dispatcher.retriever.encoder
     body["engine"] = encoder.engine_name
     body["topics"] = len(dispatcher.kb)
+    if model is not None:
+        body["model"] = model
     if hasattr(encoder, "alive"):  # worker processes (inference.device_processes)
         body["inference_processes"] = f"{len(encoder.alive)}/{len(encoder.workers)}"
         if not encoder.alive:
@@ -176,16 +181,23 @@ def create_app(cfg: Config) -> web.Application:
     handoff = app[HANDOFF_KEY] = HandoffManager()
     feedback = FeedbackBook()  # votes on answers (bot/feedback.py), on the core's store once it starts
     dispatcher = _LateDispatcher(admission)
+    reloader = app[MODEL_RELOADER_KEY] = ModelReloader(cfg)  # new model versions (bot/model_reload.py)
 
     async def lifecycle(app: web.Application):
+        loaded = read_manifest(cfg.engines_path)  # the version open_dispatcher loads
         async with open_dispatcher(cfg, handoff, drain_deadline=lambda: admission.drain_deadline) as real:
             dispatcher.target, feedback.store = real, real.store
-            watcher = None
+            reloader.attach(real, loaded)
+            watchers = []
             if cfg.knowledge.reload_interval_s > 0:
-                watcher = asyncio.create_task(watch_knowledge_base(real, cfg.kb_path, cfg.knowledge.reload_interval_s))
+                watchers.append(asyncio.create_task(watch_knowledge_base(real, cfg.kb_path,
+                                                                         cfg.knowledge.reload_interval_s, reloader.lock)))
+            if cfg.inference.reload_interval_s > 0:
+                watchers.append(asyncio.create_task(reloader.watch(cfg.inference.reload_interval_s)))
             yield
-            if watcher is not None:
+            for watcher in watchers:
                 watcher.cancel()
+            await reloader.close()
             dispatcher.target = None
 
     app.cleanup_ctx.append(lifecycle)
@@ -196,13 +208,15 @@ def create_app(cfg: Config) -> web.Application:
 
     async def readyz(request: web.Request) -> web.Response:
         """Ready for traffic (readiness): see :func:`readiness`."""
-        status, body = await readiness(dispatcher.target, state)
+        serving = reloader.serving
+        status, body = await readiness(dispatcher.target, state, serving.as_dict() if serving else None)
         return web.json_response(body, status=status)
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     setup_metrics(app, cfg.server)  # after the model's cleanup context: a port of its own opens once loaded
     setup_http(app, dispatcher, feedback)
+    setup_admin(app, cfg.server.admin_token, reloader)  # POST /api/v1/admin/engine/reload
     setup_console(app, cfg, handoff)  # /console (agents), GET /api/messages, the http channel's relay
     setup_wechat(app, cfg, dispatcher, handoff=handoff, feedback=feedback)
     if cfg.telegram.token:  # POST /telegram and the bot's lifecycle (adapters/telegram/adapter.py)

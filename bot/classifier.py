@@ -24,6 +24,7 @@ before and after) is logged at start (event ``decision_head``) and printed by
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -226,7 +227,7 @@ class DecisionHead:
         Raises:
             ValueError: a bad training line; inference errors from embedding.
         """
-        rows = training_rows(kb)
+        rows = await asyncio.to_thread(training_rows, kb)  # off the event loop: a model reload runs beside serving
         data_digest = hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
         key = hashlib.sha256(f"{HEAD_VERSION}/{model_digest}/{data_digest}/{HIDDEN}/{ALPHA}".encode()
                              ).hexdigest()[:16]
@@ -243,7 +244,7 @@ class DecisionHead:
             known.update(zip(missing, await embed_all(encoder, missing)))
             x = np.stack([known[t] for t in texts]).astype(np.float32)
             y = np.asarray([LABELS.index(label) for _, label in rows])
-            net, temperature, report = fit_head(x, y)
+            net, temperature, report = await asyncio.to_thread(fit_head, x, y)
         if cache:
             save_network(cache, net, temperature, report)
         log.info("decision_head", cached=False, **report)

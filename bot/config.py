@@ -2,7 +2,7 @@
 
 Triton-style: every serving knob lives here with a documented default and is
 validated at start-up; no other module reads the environment. Secrets (WeChat
-token, AES key and AppSecret, Telegram token and secret, the console and metrics tokens)
+token, AES key and AppSecret, Telegram token and secret, the console, metrics and admin tokens)
 come only from the environment.
 
 Environment overrides: ``HEALTHBOT_<SECTION>_<KEY>`` (e.g.
@@ -63,7 +63,10 @@ class ServerConfig:
     ``metrics_port``: serve ``GET /metrics`` on this port of ``host`` alone (0 = on ``port``,
     beside the API). ``metrics_token``: the bearer token every scrape must send (secret,
     ``HEALTHBOT_SERVER_METRICS_TOKEN``; at least 16 characters); empty = open
-    (bot/metrics_endpoint.py).
+    (bot/metrics_endpoint.py). ``admin_token``: the bearer token of the admin API (secret,
+    ``HEALTHBOT_SERVER_ADMIN_TOKEN``; at least 16 characters): ``POST
+    /api/v1/admin/engine/reload`` and ``healthbot engine reload`` (bot/model_reload.py); empty =
+    the admin API is off (404).
     """
 
     host: str = "127.0.0.1"
@@ -75,9 +78,11 @@ class ServerConfig:
     shutdown_timeout_s: float = 8.0
     metrics_port: int = 0
     metrics_token: str = ""
+    admin_token: str = ""
 
 
-#: Shortest accepted ``server.metrics_token``, characters (e.g. ``openssl rand -hex 24`` gives 48).
+#: Shortest accepted ``server.metrics_token`` and ``server.admin_token``, characters (e.g.
+#: ``openssl rand -hex 24`` gives 48).
 MIN_METRICS_TOKEN_CHARS = 16
 
 
@@ -255,7 +260,7 @@ _SECRET_ENV = {
     "HEALTHBOT_CONSOLE_TOKEN": ("console", "token"),
 }
 _SECRET_KEYS = {("wechat", "token"), ("wechat", "aes_key"), ("wechat", "appsecret"), ("telegram", "token"),
-                ("telegram", "secret"), ("console", "token"), ("server", "metrics_token")}
+                ("telegram", "secret"), ("console", "token"), ("server", "metrics_token"), ("server", "admin_token")}
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -342,9 +347,10 @@ def _validate_server(server: ServerConfig) -> None:
     if server.metrics_port and server.metrics_port == server.port:
         raise ConfigError("config key 'server.metrics_port': must differ from 'server.port' (0 = serve /metrics "
                           "on server.port)")
-    if server.metrics_token and len(server.metrics_token) < MIN_METRICS_TOKEN_CHARS:
-        raise ConfigError(f"config key 'server.metrics_token': at least {MIN_METRICS_TOKEN_CHARS} characters "
-                          "(e.g. openssl rand -hex 24)")
+    for key in ("metrics_token", "admin_token"):
+        if getattr(server, key) and len(getattr(server, key)) < MIN_METRICS_TOKEN_CHARS:
+            raise ConfigError(f"config key 'server.{key}': at least {MIN_METRICS_TOKEN_CHARS} characters "
+                              "(e.g. openssl rand -hex 24)")
 
 
 def _validate_admission(adm: AdmissionConfig) -> None:

@@ -311,10 +311,11 @@ class Dispatcher:
             return await self._handoff(inbound, agents, out, lang, "rule")
         scope = check_scope(norm.text, lang)
         referral = care_team_reply(norm, lang)
+        retriever, head, topic_fit = self.retriever, self.head, self.topic_fit  # one model per message: bot/model_reload.py
         session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
                                             Session())
-        last = self.kb.topics.get(session.last_topic or "")
-        plan = (plan_follow_up(norm.text, last, self.retriever) if intent is None and scope is None
+        last = retriever.kb.topics.get(session.last_topic or "")
+        plan = (plan_follow_up(norm.text, last, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
         if plan.ask_back:  # a follow-up with nothing before it: ask, don't guess
             return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}
@@ -325,7 +326,7 @@ class Dispatcher:
         try:
             # Personal data (a phone number, an ID) says nothing about the question and pulls
             # the embedding toward "call me": retrieval and the head read it masked.
-            found = await self.retriever.search(mask_pii(norm.text), context=context,
+            found = await retriever.search(mask_pii(norm.text), context=context,
                                                 context_topic=last.id if context else None)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
@@ -336,23 +337,22 @@ class Dispatcher:
             if scope is not None:
                 return out(scope.reply, Intent.REFER_DOCTOR), {"rule": scope.reason, "error": type(exc).__name__}
             return Reply(BUSY_REPLY[lang], Intent.SYSTEM, lang), {"error": type(exc).__name__}
-        engine = self.retriever.encoder.engine_name
         best = found.matches[0]
-        probs = self.head.probabilities(found.vector)
+        probs = head.probabilities(found.vector)
         if found.context_vector is not None:
             # A follow-up ("那夏天呢") is classified with the topic it follows; danger is read
             # from both, so a follow-up that brings a red flag keeps it.
-            bare, probs = probs, self.head.probabilities(found.context_vector)
+            bare, probs = probs, head.probabilities(found.context_vector)
             for label in ("emergency", "crisis"):
                 probs[label] = max(probs[label], bare[label])
         d = decide(probs, self.cfg.decision, rule=intent, scope=scope is not None,
                    care_team=referral is not None, off_topic=found.off_topic, retrieval_confidence=best.confidence,
                    min_confidence=self.cfg.knowledge.min_confidence,
-                   scope_gap=self.retriever.scope.uncovered(norm.text, best.topic_id),
+                   scope_gap=retriever.scope.uncovered(norm.text, best.topic_id),
                    names_medicine=names_medicine(norm.text),
                    # a follow-up ("那饮食上呢") was retrieved within the topic it follows; the verifier,
                    # trained on whole questions, judges only questions that stand alone
-                   topic_fit=(self.topic_fit.probability(found.fit_features) if found.context_vector is None
+                   topic_fit=(topic_fit.probability(found.fit_features) if found.context_vector is None
                               else best.confidence))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
@@ -363,7 +363,7 @@ class Dispatcher:
         def reply(body: str, intent: Intent, **kw: Any) -> Reply:
             if net_line:
                 body = f"{body}\n{net_line}"
-            return out(body, intent, safety_net=net_ids, engine=engine, **kw)
+            return out(body, intent, safety_net=net_ids, engine=retriever.encoder.engine_name, **kw)
 
         # a cue inside a short message ("我外公快九十了 老人洗要注意啥"): the topic in context answers when
         # nothing but the head's doubts stands against it and the message follows that topic
@@ -373,7 +373,7 @@ class Dispatcher:
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"
                     else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', self._number(lang), self._crisis_line(lang))[1]}")
-            return out(body, Intent.EMERGENCY, handoff=True, engine=engine), {**notes, "kind": d.kind}
+            return out(body, Intent.EMERGENCY, handoff=True, engine=retriever.encoder.engine_name), {**notes, "kind": d.kind}
         if d.intent is Intent.HANDOFF:
             return await self._handoff(inbound, agents, out, lang, "head")
         if d.intent is Intent.REFER_DOCTOR:
@@ -391,7 +391,7 @@ class Dispatcher:
                                       None)
             return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=d.fit,
                          handoff=True), notes
-        topic = self.kb.topics[best.topic_id]
+        topic = retriever.kb.topics[best.topic_id]
         if context is not None and topic is last and session.last_facet is None:
             # the follow-up found the topic it follows: what else to ask, not the same answer again
             return reply(more_reply(topic, lang), Intent.ANSWER, topic=topic.id,

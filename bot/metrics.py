@@ -27,6 +27,8 @@ metric                                              recorded in
 ``healthbot_inference_workers{engine}``             ``InferencePool.start`` / ``close``
 ``healthbot_engine_fallbacks_total{from_engine,to_engine}``  ``inference.manager``: an engine skipped for a later one
 ``healthbot_engine_circuit_state{engine}``          ``inference.manager``: 0 closed, 1 open, 2 half-open
+``healthbot_model_info{version,model_digest,engine}``  ``bot.model_reload``: 1 for the model serving (start, swap)
+``healthbot_model_reloads_total{outcome}``          ``bot.model_reload``: swapped or refused, per reload
 ``healthbot_wechat_token_refreshes_total``          the WeChat access_token manager, per token fetched
 ``healthbot_wechat_api_errors_total{code}``         the WeChat API client, per failed call
 ``healthbot_telegram_retry_after_total{method}``    ``TelegramSender.call``: each 429 RetryAfter received
@@ -61,7 +63,7 @@ __all__ = [
     "REQUEST_LATENCY", "REQUESTS_IN_FLIGHT", "DEDUP_HITS", "SAFETY_OUTCOMES",
     "INFERENCE_QUEUE_TIME", "INFERENCE_BATCH_SIZE", "INFERENCE_BATCH_TOKENS", "INFERENCE_PENDING",
     "INFERENCE_DROPPED", "INFERENCE_ENGINE_TIME", "INFERENCE_WORKERS", "ENGINE_FALLBACKS", "ENGINE_CIRCUIT_STATE",
-    "WECHAT_TOKEN_REFRESHES", "WECHAT_API_ERRORS", "TELEGRAM_RETRY_AFTER", "FEEDBACK",
+    "MODEL_INFO", "MODEL_RELOADS", "WECHAT_TOKEN_REFRESHES", "WECHAT_API_ERRORS", "TELEGRAM_RETRY_AFTER", "FEEDBACK",
     "CircuitState", "request_outcome", "observe_request", "record_safety", "record_fallback",
     "set_circuit_state",
 ]
@@ -104,6 +106,23 @@ SAFETY_OUTCOMES: Final = Counter(
     "stop_medicine, report, medicine_alcohol, side_effects, see_doctor_soon, price), review_blocked (safety.review reason:rule that replaced an answer).",
     ["outcome", "rule"], registry=REGISTRY)
 
+# ---------------------------------------------------------------- model
+
+MODEL_INFO: Final = Gauge(
+    "healthbot_model_info",
+    "The model version serving new messages, 1 for its labels: version (first 12 hex digits of the sha256 "
+    "of engines/manifest.json), model_digest (first 12 of the ONNX file's sha256) and engine "
+    "(<engine>/<precision>, e.g. onnxruntime/fp32); the labels change when a new version is swapped in "
+    "(bot/model_reload.py).",
+    ["version", "model_digest", "engine"], registry=REGISTRY)
+
+MODEL_RELOADS: Final = Counter(
+    "healthbot_model_reloads",
+    "Model reloads (a new engines/manifest.json, healthbot engine reload), by outcome: swapped, or refused "
+    "(did not load, failed its parity probe, or its derived data could not be computed; the old model "
+    "kept serving).",
+    ["outcome"], registry=REGISTRY)
+
 # ---------------------------------------------------------------- channels
 
 WECHAT_TOKEN_REFRESHES: Final = Counter(
@@ -133,6 +152,8 @@ FEEDBACK: Final = Counter(
 # Known label values start at zero (Prometheus "avoid missing metrics").
 for _channel in CHANNELS:
     DEDUP_HITS.labels(channel=_channel)
+for _outcome in ("swapped", "refused"):
+    MODEL_RELOADS.labels(outcome=_outcome)
 
 
 # ---------------------------------------------------------------- helpers

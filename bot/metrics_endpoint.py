@@ -26,14 +26,15 @@ from bot.http_errors import json_error, json_errors_middleware
 
 log = structlog.get_logger("healthbot.metrics")
 
-__all__ = ["METRICS_PATH", "metrics_handler", "setup_metrics"]
+__all__ = ["METRICS_PATH", "bearer_ok", "metrics_handler", "setup_metrics"]
 
 METRICS_PATH = "/metrics"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _bearer_ok(request: web.Request, token: str) -> bool:
+def bearer_ok(request: web.Request, token: str) -> bool:
+    """Whether ``request`` carries ``Authorization: Bearer <token>``, compared in constant time."""
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     # surrogatepass: aiohttp keeps undecodable header bytes as lone surrogates
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("utf-8", "surrogatepass"),
@@ -46,7 +47,7 @@ def metrics_handler(token: str = "") -> Handler:
     ``Authorization: Bearer <token>`` (else 401 JSON)."""
 
     async def metrics_page(request: web.Request) -> web.Response:
-        if token and not _bearer_ok(request, token):
+        if token and not bearer_ok(request, token):
             log.warning("metrics.unauthorized", remote=request.remote)
             return json_error(401, "missing or wrong metrics token",
                               headers={"WWW-Authenticate": 'Bearer realm="healthbot-metrics"'})

@@ -10,6 +10,7 @@ old one. If it is invalid, the old base keeps serving and the problems are logge
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import structlog
@@ -25,10 +26,12 @@ def fingerprint(kb_dir: Path) -> tuple:
     return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(kb_dir).glob("*.yaml")))
 
 
-async def reload_if_changed(dispatcher, kb_dir: Path, last: tuple) -> tuple:
+async def reload_if_changed(dispatcher, kb_dir: Path, last: tuple, lock: asyncio.Lock | None = None) -> tuple:
     """Reload once if the folder changed since ``last``; returns the new fingerprint.
 
     A bad edit is logged (``kb.reload_rejected`` with every problem) and the old base stays.
+    The new retriever is built and swapped in holding ``lock`` when given (the model reload's,
+    bot/model_reload.py: it must not be built with an encoder a model swap is replacing).
     """
     now = fingerprint(kb_dir)
     if now == last:
@@ -38,22 +41,24 @@ async def reload_if_changed(dispatcher, kb_dir: Path, last: tuple) -> tuple:
     except KnowledgeBaseError as exc:
         log.error("kb.reload_rejected", problems=exc.problems, kept_topics=len(dispatcher.kb))
         return now
-    old = dispatcher.retriever
-    if kb.digest == old.kb.digest:
-        return now
-    new = await Retriever.build(kb, old.encoder, known=old.known_vectors())
-    new.mode = old.mode
-    dispatcher.retriever = new
+    async with lock or contextlib.nullcontext():
+        old = dispatcher.retriever
+        if kb.digest == old.kb.digest:
+            return now
+        new = await Retriever.build(kb, old.encoder, known=old.known_vectors())
+        new.mode = old.mode
+        dispatcher.retriever = new
     log.info("kb.reloaded", topics=len(kb), digest=kb.digest[:12])
     return now
 
 
-async def watch_knowledge_base(dispatcher, kb_dir: Path, interval_s: float = 2.0) -> None:
-    """Poll ``kb_dir`` forever (cancel the task to stop)."""
+async def watch_knowledge_base(dispatcher, kb_dir: Path, interval_s: float = 2.0,
+                               lock: asyncio.Lock | None = None) -> None:
+    """Poll ``kb_dir`` forever (cancel the task to stop); each reload holds ``lock`` when given."""
     last = fingerprint(kb_dir)
     while True:
         await asyncio.sleep(interval_s)
         try:
-            last = await reload_if_changed(dispatcher, kb_dir, last)
+            last = await reload_if_changed(dispatcher, kb_dir, last, lock)
         except Exception:  # never let the watcher die: the old base keeps serving
             log.exception("kb.reload_failed")

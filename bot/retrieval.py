@@ -19,6 +19,7 @@ know (intent ``no_answer``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import math
@@ -312,8 +313,9 @@ class Retriever:
         for kind in kinds:
             example_vectors[kind] = vectors[at:at + len(examples[kind])]
             at += len(examples[kind])
-        return cls(kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32), example_vectors,
-                   vectors[at:at + len(passages)])
+        # the indexes (BM25, topic words, scope): seconds of Python, off the event loop a reload shares
+        return await asyncio.to_thread(cls, kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32),
+                                       example_vectors, vectors[at:at + len(passages)])
 
     def _score(self, q: np.ndarray, terms: list[str], exclude: int | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -19,7 +19,7 @@ from bot.topic_fit import TopicFit
 from bot.config import Config
 from bot.dispatcher import Dispatcher
 from bot.handoff import HandoffManager
-from bot.knowledge import load_knowledge_base
+from bot.knowledge import KnowledgeBase, load_knowledge_base
 from bot.logs import logged_step
 from bot.retrieval import Retriever
 from bot.store import open_store
@@ -29,15 +29,36 @@ from inference.tokenizer import REVISION as TOKENIZER_REVISION
 log = structlog.get_logger("healthbot.runtime")
 
 
-def model_digest(cfg: Config) -> str:
-    """The prepared model's ONNX sha256 from engines/manifest.json ("" if absent) and the
-    tokenizer's :data:`~inference.tokenizer.REVISION`: what cached vectors are keyed by."""
-    try:
-        manifest = json.loads((cfg.engines_path / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
+#: ``module:function`` with which inference worker processes set up their logging.
+LOG_SETUP = "bot.logs:configure_logging"
+
+
+def model_digest(cfg: Config, manifest: dict | None = None) -> str:
+    """The prepared model's ONNX sha256 from ``manifest`` (default: engines/manifest.json read now;
+    "" if absent) and the tokenizer's :data:`~inference.tokenizer.REVISION`: what cached vectors
+    are keyed by."""
+    if manifest is None:
+        try:
+            manifest = json.loads((cfg.engines_path / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return ""
     onnx = str(manifest.get("onnx_sha256") or manifest.get("onnx", {}).get("sha256", ""))
     return f"{onnx}/tokenizer-{TOKENIZER_REVISION}"
+
+
+async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[Retriever, DecisionHead, TopicFit]:
+    """What is computed from the model for ``kb``: the retriever (the examples' vectors), the
+    decision head and the topic-fit verifier, each cached in engines/cache under ``digest``
+    (:func:`model_digest`) plus ``encoder.variant`` and its data's digest: seconds when cached,
+    one to three minutes on 2 CPU cores when not."""
+    cache, key = cfg.engines_path / "cache", digest + encoder.variant
+    # indexing the topics (scopes, BM25) takes seconds to tens of seconds at every start
+    with logged_step(log, "retrieval_index", topics=len(kb)):
+        retriever = await Retriever.build(kb, encoder, cache_dir=cache, model_digest=key)
+    known = retriever.known_vectors()  # texts embedded once, shared by both trainings
+    head = await DecisionHead.build(kb, encoder, cache_dir=cache, model_digest=key, known=known)
+    fit = await TopicFit.build(retriever, cache_dir=cache, model_digest=key, known=known)
+    return retriever, head, fit
 
 
 @asynccontextmanager
@@ -66,17 +87,10 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None, *,
     store = await open_store(cfg.effective_store_url)
     if handoff is not None:
         handoff.store = store
-    encoder = await open_encoder(cfg.inference, cfg.engines_path, log_setup="bot.logs:configure_logging")
+    encoder = await open_encoder(cfg.inference, cfg.engines_path, log_setup=LOG_SETUP)
+    dispatcher = None
     try:
-        # indexing the topics (scopes, BM25) takes seconds to tens of seconds at every start
-        with logged_step(log, "retrieval_index", topics=len(kb)):
-            retriever = await Retriever.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
-                                              model_digest=model_digest(cfg) + encoder.variant)
-        known = retriever.known_vectors()  # texts embedded once, shared by both trainings
-        head = await DecisionHead.build(kb, encoder, cache_dir=cfg.engines_path / "cache",
-                                        model_digest=model_digest(cfg) + encoder.variant, known=known)
-        fit = await TopicFit.build(retriever, cache_dir=cfg.engines_path / "cache",
-                                   model_digest=model_digest(cfg) + encoder.variant, known=known)
+        retriever, head, fit = await derive(cfg, kb, encoder, model_digest(cfg))
         dispatcher = Dispatcher(cfg, retriever, head, fit, handoff, store)
         log.info("loaded", topics=len(kb), engine=encoder.engine_name, examples=len(retriever.vectors))
         try:
@@ -85,7 +99,8 @@ async def open_dispatcher(cfg: Config, handoff: HandoffManager | None = None, *,
             await _drain(dispatcher, drain_deadline() if drain_deadline is not None else None)
             await dispatcher.unanswered.flush(timeout_s=1.0)  # questions still being recorded (bot/unanswered.py)
     finally:
-        await encoder.close()
+        # the encoder serving now: a hot swap (bot/model_reload.py) closed the one loaded here
+        await (dispatcher.retriever.encoder if dispatcher is not None else encoder).close()
         await store.close()
 
 

@@ -34,6 +34,7 @@ the decision head; cached in ``engines/cache`` keyed by the model digest and the
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from dataclasses import dataclass
@@ -148,13 +149,14 @@ class TopicFit:
             log.info("topic_fit", cached=True, **fit.report)
             return fit
         known = known if known is not None else {}
-        texts = [query_text(r["q"]) for r in rows]
+        # the Python-heavy steps off the event loop: a serving process reloads its model meanwhile
+        texts = await asyncio.to_thread(lambda: [query_text(r["q"]) for r in rows])
         missing = [t for t in dict.fromkeys(texts) if t not in known]
         with logged_step(log, "topic_fit_training", lines=len(rows), texts_to_embed=len(missing),
                          cached_afterwards_in=str(cache_dir) if cache_dir else "nowhere"):
             known.update(zip(missing, await embed_all(retriever.encoder, missing)))
-            x, y = training_pairs(retriever, rows, [known[t] for t in texts])
-            net, temperature, report = fit_verifier(x, y)
+            x, y = await asyncio.to_thread(training_pairs, retriever, rows, [known[t] for t in texts])
+            net, temperature, report = await asyncio.to_thread(fit_verifier, x, y)
         if cache:
             save_network(cache, net, temperature, report)
         log.info("topic_fit", cached=False, **report)

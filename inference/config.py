@@ -87,6 +87,10 @@ class InferenceConfig:
     (an LRU of normalized text → vector in front of the encoder,
     :class:`inference.encoder.CachedEncoder`; emptied when the serving model
     changes); 0 turns it off. 4096 vectors of 384 floats take about 6 MiB.
+
+    ``reload_interval_s``: how often a serving process checks ``engines_dir/manifest.json`` for
+    a new model version and, when it changed, loads, checks and swaps it in without a restart
+    (bot/model_reload.py), seconds; 0 = never (then only ``healthbot engine reload``).
     """
 
     engines_dir: str = "engines"
@@ -112,6 +116,7 @@ class InferenceConfig:
     engine_server: bool = True
     engine_socket: str = ""
     embedding_cache_size: int = 4096
+    reload_interval_s: float = 5.0
 
     def validate(self) -> None:
         """Check the inference keys; raises :class:`ConfigError` naming the key.
@@ -126,6 +131,8 @@ class InferenceConfig:
             raise ConfigError("config key 'inference.device_processes' must be >= 0 (0 = in this process)")
         if self.embedding_cache_size < 0:
             raise ConfigError("config key 'inference.embedding_cache_size' must be >= 0 (0 = no cache)")
+        if self.reload_interval_s < 0:
+            raise ConfigError("config key 'inference.reload_interval_s' must be >= 0 (0 = never)")
         if self.switch_interval_ms < 0:
             raise ConfigError("config key 'inference.switch_interval_ms' must be >= 0 (0 = Python's default)")
         if not 0 < self.circuit_reset_s <= self.circuit_max_reset_s:

@@ -50,8 +50,11 @@ _REGISTRY = Registry().with_resource("urn:healthbot-openapi", Resource.from_cont
 
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory):
-    """``healthbot serve`` with the console on and the per-address budgets out of the fuzzer's way."""
+    """``healthbot serve`` with the console and the admin API on and the per-address budgets out of the
+    fuzzer's way."""
     env = {**os.environ, "HEALTHBOT_CONSOLE_TOKEN": CONSOLE_TOKEN,
+           # the admin API on, with a token the fuzzer does not send (it never starts a model reload)
+           "HEALTHBOT_SERVER_ADMIN_TOKEN": "admin-token-for-api-v1-tests-0123",
            "HEALTHBOT_DATA_DIR": str(tmp_path_factory.mktemp("data")),
            "HEALTHBOT_KNOWLEDGE_RELOAD_INTERVAL_S": "0",
            # thousands of 4xx from one address: none held, none refused with 429

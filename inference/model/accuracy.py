@@ -43,11 +43,9 @@ import numpy as np
 from inference.batching.windows import pad_batch
 from inference.model.questions import QUESTIONS
 from inference.model_files import onnx_sha256_of
+from inference.probe import MIN_COSINE, write_reference
 
 REPO = Path(__file__).resolve().parents[2]
-
-MIN_COSINE: dict[str, float] = {"fp32": 0.9999, "fp16": 0.999, "bf16": 0.999, "int8": 0.99}
-"""Least cosine to the FP32 reference per precision (issue 6: ≥ 0.999 FP16, ≥ 0.99 INT8)."""
 
 EVAL_TOLERANCE = 0.01
 """Intent and topic accuracy may each drop at most 1 point (0.01) against FP32."""
@@ -152,6 +150,33 @@ def reference_vectors(engines_dir: Path, windows: Sequence[Sequence[int]], pad_i
     np.savez(tmp, key=np.array(key), pooled=ref)
     os.replace(tmp, cache)
     return ref
+
+
+def write_probe_reference(engines_dir: Path) -> dict[str, Any]:
+    """The hot swap's probe reference (inference/probe.py) for the prepared model in ``engines_dir``:
+    the FP32 ONNX Runtime vectors of the :func:`parity_texts` that fit one window (120 of 122: the
+    two long passages would outlast a serving request's deadline on a busy CPU, and how windows
+    combine is code, the same for every model), one per call; blocking, a few seconds on 2 cores.
+
+    Returns:
+        the manifest entry (``{"file", "sha256", "texts"}``) to store under ``"probe"``.
+
+    Raises:
+        inference.engines.base.EngineError: ``model.onnx`` missing or unloadable.
+    """
+    from inference.engines.onnxruntime import OnnxRuntimeEngine
+    from inference.tokenizer import E5Tokenizer
+
+    engines_dir = Path(engines_dir)
+    tok = E5Tokenizer.load(engines_dir)
+    texts = [(p, t, w[0]) for p, t in parity_texts() if len(w := tok.encode_batch([t], prefix=p)[0]) == 1]
+    eng = OnnxRuntimeEngine(engines_dir / "model.onnx")
+    try:
+        pooled = infer_windows(eng, [w for _, _, w in texts], tok.pad_id, batch=1)
+    finally:
+        eng.close()
+    return write_reference(engines_dir, [p for p, _, _ in texts], [t for _, t, _ in texts],
+                           pooled / np.linalg.norm(pooled, axis=1, keepdims=True))
 
 
 def parity_check(engine: Any, windows: Sequence[Sequence[int]], reference: np.ndarray, precision: str,

