@@ -43,6 +43,13 @@ class ServerConfig:
     beside the API). ``metrics_token``: the bearer token every scrape must send (secret,
     ``HEALTHBOT_SERVER_METRICS_TOKEN``; at least 16 characters); empty = open
     (bot/metrics_endpoint.py).
+
+    ``processes`` (``healthbot serve --processes N``, ``HEALTHBOT_SERVER_PROCESSES``): front-end
+    processes on this host (bot/prefork.py). 1 (the default) = one process, as before; N ≥ 2 = a
+    master process that starts N, each a whole front end on the same ``host:port``
+    (``SO_REUSEPORT``), restarts one that dies and drains them all on SIGTERM; 0 = auto, the
+    CPU cores this process may use, minus one when a GPU engine server runs (1 on one core).
+    N ≥ 2 needs a store the processes share (the SQLite default or Redis, not ``memory://``).
     """
 
     host: str = "127.0.0.1"
@@ -54,6 +61,7 @@ class ServerConfig:
     shutdown_timeout_s: float = 8.0
     metrics_port: int = 0
     metrics_token: str = ""
+    processes: int = 1
 
 
 #: Shortest accepted ``server.metrics_token``, characters (e.g. ``openssl rand -hex 24`` gives 48).
@@ -308,6 +316,8 @@ def _validate(cfg: Config) -> None:
 def _validate_server(server: ServerConfig) -> None:
     if server.shutdown_timeout_s <= 0:
         raise ConfigError("config key 'server.shutdown_timeout_s': must be > 0 seconds")
+    if server.processes < 0:
+        raise ConfigError("config key 'server.processes': must be >= 0 (1 = one process, 0 = one per CPU core)")
     for key in ("port", "metrics_port"):
         if not 0 <= getattr(server, key) <= 65535:
             raise ConfigError(f"config key 'server.{key}': must be a TCP port, 0-65535")

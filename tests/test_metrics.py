@@ -54,7 +54,7 @@ EXPECTED_FAMILIES = {
     "healthbot_inference_worker_restarts", "healthbot_engine_fallbacks",
     "healthbot_engine_circuit_state", "healthbot_wechat_token_refreshes", "healthbot_wechat_api_errors",
     "healthbot_telegram_retry_after", "healthbot_embedding_cache_hits", "healthbot_embedding_cache_misses",
-    "healthbot_embedding_cache_entries",
+    "healthbot_embedding_cache_entries", "healthbot_server_process_restarts",
 }
 
 Samples = dict[tuple[str, frozenset], float]
