@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 import structlog
 from aiohttp import web
@@ -234,11 +235,13 @@ async def start_server(app: web.Application, cfg: Config) -> tuple[web.AppRunner
     with the app's :class:`~bot.admission.Admission`, every connection passes its
     :class:`~bot.admission.ConnectionGate` (a cap on open connections, in all and per
     address, and a header timeout). The site's ``port`` is the bound port (``server.port``
-    0 picks a free one).
+    0 picks a free one). With ``server.processes`` other than 1 (a front-end process of
+    bot/prefork.py) the port is bound with ``SO_REUSEPORT``, shared with the other processes.
     """
     timeout_s = cfg.server.shutdown_timeout_s
     admission = app.get(ADMISSION_KEY)
     limits = admission.limits if admission is not None else cfg.admission
+    shared = cfg.server.processes != 1
     raise_fd_limit()
     # Handlers still running after the drain (long polls) get a third of the reserve
     # before aiohttp cancels them (bot/app.py shut_down).
@@ -249,9 +252,10 @@ async def start_server(app: web.Application, cfg: Config) -> tuple[web.AppRunner
     try:
         if admission is not None:
             admission.gate.refresh_cap()  # the file-descriptor limit was just raised
-            site: web.BaseSite = GatedTCPSite(runner, cfg.server.host, cfg.server.port, admission.gate)
+            site: web.BaseSite = GatedTCPSite(runner, cfg.server.host, cfg.server.port, admission.gate,
+                                              reuse_port=shared)
         else:
-            site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
+            site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_port=shared or None)
         await site.start()
     except BaseException:
         await runner.cleanup()
@@ -325,7 +329,8 @@ def ready_line(cfg: Config) -> str:
     return f"healthbot ready: http://{cfg.server.host}:{cfg.server.port} ({', '.join(routes)}, /healthz, /readyz, {metrics}{left})"
 
 
-async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = False) -> int:
+async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = False,
+                on_serving: Callable[[], None] | None = None) -> int:
     """Serve ``app`` on ``server.host:server.port`` until SIGTERM or SIGINT, then shut down gracefully.
 
     Start-up loads the model before the port opens (:func:`start_server`). aiohttp's
@@ -339,6 +344,8 @@ async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = Fals
         exit_watchdog: for the ``healthbot serve`` process only: if the process is still
             alive :data:`WATCHDOG_GRACE_S` after the timeout (a hung engine call, a blocked
             loop), end it with ``os._exit(1)``.
+        on_serving: called once the port is open (a front-end process of bot/prefork.py tells
+            its master).
 
     Returns:
         0 after a clean shutdown; 1 when it took longer than the timeout (what was left is
@@ -361,7 +368,10 @@ async def serve(app: web.Application, cfg: Config, *, exit_watchdog: bool = Fals
         log.info("serving", host=cfg.server.host, port=cfg.server.port, shutdown_timeout_s=timeout_s,
                  max_connections=admission.gate.cap if admission is not None else None,
                  metrics_port=cfg.server.metrics_port or cfg.server.port)
-        print(ready_line(cfg), file=sys.stderr, flush=True)
+        if on_serving is not None:  # a front end of several: its master prints the ready line
+            on_serving()
+        else:
+            print(ready_line(cfg), file=sys.stderr, flush=True)
         await stop.wait()
         log.info("shutdown_started", signal=received[0], timeout_s=timeout_s)
         if exit_watchdog:

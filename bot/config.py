@@ -67,6 +67,13 @@ class ServerConfig:
     ``HEALTHBOT_SERVER_ADMIN_TOKEN``; at least 16 characters): ``POST
     /api/v1/admin/engine/reload`` and ``healthbot engine reload`` (bot/model_reload.py); empty =
     the admin API is off (404).
+
+    ``processes`` (``healthbot serve --processes N``, ``HEALTHBOT_SERVER_PROCESSES``): front-end
+    processes on this host (bot/prefork.py). 1 (the default) = one process, as before; N ≥ 2 = a
+    master process that starts N, each a whole front end on the same ``host:port``
+    (``SO_REUSEPORT``), restarts one that dies and drains them all on SIGTERM; 0 = auto, the
+    CPU cores this process may use, minus one when a GPU engine server runs (1 on one core).
+    N ≥ 2 needs a store the processes share (the SQLite default or Redis, not ``memory://``).
     """
 
     host: str = "127.0.0.1"
@@ -79,6 +86,7 @@ class ServerConfig:
     metrics_port: int = 0
     metrics_token: str = ""
     admin_token: str = ""
+    processes: int = 1
 
 
 #: Shortest accepted ``server.metrics_token`` and ``server.admin_token``, characters (e.g.
@@ -341,6 +349,8 @@ def _validate(cfg: Config) -> None:
 def _validate_server(server: ServerConfig) -> None:
     if server.shutdown_timeout_s <= 0:
         raise ConfigError("config key 'server.shutdown_timeout_s': must be > 0 seconds")
+    if server.processes < 0:
+        raise ConfigError("config key 'server.processes': must be >= 0 (1 = one process, 0 = one per CPU core)")
     for key in ("port", "metrics_port"):
         if not 0 <= getattr(server, key) <= 65535:
             raise ConfigError(f"config key 'server.{key}': must be a TCP port, 0-65535")

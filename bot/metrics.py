@@ -33,6 +33,7 @@ metric                                              recorded in
 ``healthbot_wechat_api_errors_total{code}``         the WeChat API client, per failed call
 ``healthbot_telegram_retry_after_total{method}``    ``TelegramSender.call``: each 429 RetryAfter received
 ``healthbot_feedback_total{topic,vote}``            ``FeedbackBook.vote`` (bot/feedback.py): each vote that counts
+``healthbot_server_process_restarts_total``         ``bot.front_ends``: a front-end process the master started again
 ``healthbot_worker_*{worker}``                      ``inference.multiproc.worker_metrics.WorkerMetrics``: with
                                                     ``inference.device_processes``, each worker
                                                     process's ``healthbot_inference_*``,
@@ -40,7 +41,10 @@ metric                                              recorded in
 ==================================================  ==========================================
 
 Plus ``process_*`` (CPU seconds, resident memory bytes, open fds, start time) from
-prometheus-client's process collector.
+prometheus-client's process collector, with one serving process. With several
+(``healthbot serve --processes N``, bot/prefork.py) every process keeps its values in
+prometheus-client's multiprocess folder and ``/metrics`` serves their sum (counters and
+histograms added up, gauges as their ``multiprocess_mode`` says), without ``process_*``.
 
 Labels only take values from closed sets (channel names, intents, rule names
 from the safety tables, engine names, API error codes, knowledge-base topic ids), never user text or ids.
@@ -64,6 +68,7 @@ __all__ = [
     "INFERENCE_QUEUE_TIME", "INFERENCE_BATCH_SIZE", "INFERENCE_BATCH_TOKENS", "INFERENCE_PENDING",
     "INFERENCE_DROPPED", "INFERENCE_ENGINE_TIME", "INFERENCE_WORKERS", "ENGINE_FALLBACKS", "ENGINE_CIRCUIT_STATE",
     "MODEL_INFO", "MODEL_RELOADS", "WECHAT_TOKEN_REFRESHES", "WECHAT_API_ERRORS", "TELEGRAM_RETRY_AFTER", "FEEDBACK",
+    "SERVER_PROCESS_RESTARTS",
     "CircuitState", "request_outcome", "observe_request", "record_safety", "record_fallback",
     "set_circuit_state",
 ]
@@ -91,7 +96,7 @@ REQUEST_LATENCY: Final = Histogram(
 REQUESTS_IN_FLIGHT: Final = Gauge(
     "healthbot_requests_in_flight",
     "Messages being decided by the dispatcher right now (graceful shutdown waits for these).",
-    registry=REGISTRY)
+    multiprocess_mode="livesum", registry=REGISTRY)
 
 DEDUP_HITS: Final = Counter(
     "healthbot_dedup_hits",
@@ -148,6 +153,14 @@ FEEDBACK: Final = Counter(
     "Votes on answers that counted (the first per user and answer; bot/feedback.py), by the answer's "
     "knowledge-base topic and vote (helpful, not_helpful).",
     ["topic", "vote"], registry=REGISTRY)
+
+# ---------------------------------------------------------------- processes
+
+SERVER_PROCESS_RESTARTS: Final = Counter(
+    "healthbot_server_process_restarts",
+    "Front-end processes of healthbot serve --processes N started again by the master process after one "
+    "exited or was killed; counted by the new process as it starts (bot/front_ends.py).",
+    registry=REGISTRY)
 
 # Known label values start at zero (Prometheus "avoid missing metrics").
 for _channel in CHANNELS:

@@ -10,6 +10,9 @@ behind a bearer token.
   default) = open; else every scrape must send ``Authorization: Bearer <token>``
   (Prometheus: ``authorization: {credentials: …}`` in the scrape config), compared in
   constant time; anything else gets 401 ``{"error": …}`` with ``WWW-Authenticate``.
+* ``server.processes`` (bot/prefork.py): with several front-end processes, each serves the
+  sum over all of them (prometheus-client's multiprocess mode, ``inference.metrics.render``),
+  and they share the metrics port as they share ``server.port`` (``SO_REUSEPORT``).
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ def setup_metrics(app: web.Application, server: ServerConfig) -> None:
         runner = web.AppRunner(side, access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            await web.TCPSite(runner, server.host, server.metrics_port).start()
+            # several front-end processes (server.processes) share the port: each serves the sum
+            await web.TCPSite(runner, server.host, server.metrics_port,
+                              reuse_port=server.processes != 1 or None).start()
         except BaseException:
             await runner.cleanup()
             raise

@@ -33,7 +33,8 @@ class InferenceConfig:
     ``max_batch_tokens``: padded-cost budget per batch (longest × count), as in
     text-embeddings-inference. ``max_queue_size``: pending requests beyond this
     fail fast with a "busy" error. ``deadline_ms``: per-request deadline.
-    ``intra_op_threads``: ONNX Runtime threads per session (0 = runtime default).
+    ``intra_op_threads``: ONNX Runtime threads per session (0 = runtime default; under
+    ``healthbot serve --processes N`` 0 becomes ``max(1, min(2, cores // N))`` in each process).
     ``workers``: pool workers (engine instances) per device.
 
     ``onnx_precision``: the ONNX Runtime model: ``fp32`` (``engines/model.onnx``),

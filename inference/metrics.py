@@ -2,7 +2,8 @@
 
 :data:`REGISTRY` is the application's registry (not prometheus-client's
 process-global default one, which libraries may also write to): bot/metrics.py
-adds the request and channel metrics to it and ``GET /metrics`` serves it; a
+adds the request and channel metrics to it and ``GET /metrics`` serves it (with
+``healthbot serve --processes N``, the sum over the processes: :func:`render`); a
 worker process of ``inference.device_processes`` serves it to its parent
 (:class:`inference.multiproc.router.WorkerMetrics`). Where each metric is recorded:
 the table in bot/metrics.py.
@@ -10,11 +11,17 @@ the table in bot/metrics.py.
 
 from __future__ import annotations
 
+import os
 from typing import Final
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
+
+#: The environment variable of prometheus-client's multiprocess mode: the folder where each process
+#: keeps its values (prometheus-client reads it when imported; bot/prefork.py sets it).
+MULTIPROC_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 REGISTRY: Final = CollectorRegistry(auto_describe=True)
 """The application's registry: every metric below and in bot/metrics.py, and the process collector."""
@@ -58,7 +65,7 @@ INFERENCE_PENDING: Final = Gauge(
     "healthbot_inference_pending",
     "Token windows queued in the dynamic batcher and not yet taken into a batch "
     "(submits fail with busy beyond inference.max_queue_size).",
-    registry=REGISTRY)
+    multiprocess_mode="livesum", registry=REGISTRY)
 
 INFERENCE_DROPPED: Final = Counter(
     "healthbot_inference_dropped",
@@ -74,7 +81,7 @@ INFERENCE_ENGINE_TIME: Final = Histogram(
 INFERENCE_WORKERS: Final = Gauge(
     "healthbot_inference_workers",
     "Inference pool workers running, by engine: the engine in use is the one with a non-zero value.",
-    ["engine"], registry=REGISTRY)
+    ["engine"], multiprocess_mode="livesum", registry=REGISTRY)
 
 INFERENCE_WORKER_EXITS: Final = Counter(
     "healthbot_inference_worker_exits",
@@ -97,8 +104,9 @@ ENGINE_FALLBACKS: Final = Counter(
 ENGINE_CIRCUIT_STATE: Final = Gauge(
     "healthbot_engine_circuit_state",
     "Circuit state per engine: 0 closed (serving), 1 open (failed: no traffic sent to it), "
-    "2 half-open (being retried).",
-    ["engine"], registry=REGISTRY)
+    "2 half-open (being retried). With several serving processes (server.processes), one series per "
+    "process (label pid): each process has its own circuit.",
+    ["engine"], multiprocess_mode="liveall", registry=REGISTRY)
 
 EMBEDDING_CACHE_HITS: Final = Counter(
     "healthbot_embedding_cache_hits",
@@ -114,8 +122,8 @@ EMBEDDING_CACHE_MISSES: Final = Counter(
 
 EMBEDDING_CACHE_ENTRIES: Final = Gauge(
     "healthbot_embedding_cache_entries",
-    "Vectors held in the embedding cache now (at most inference.embedding_cache_size).",
-    registry=REGISTRY)
+    "Vectors held in the embedding cache now (at most inference.embedding_cache_size per serving process).",
+    multiprocess_mode="livesum", registry=REGISTRY)
 
 for _reason in ("busy", "closed", "expired", "cancelled", "failed"):
     INFERENCE_DROPPED.labels(reason=_reason)
@@ -132,8 +140,28 @@ class CircuitState:
 # ---------------------------------------------------------------- helpers
 
 
+def _served_registry() -> CollectorRegistry:
+    """:data:`REGISTRY`, or in prometheus-client's multiprocess mode (:data:`MULTIPROC_DIR_ENV` set
+    before prometheus-client was imported: the processes of ``healthbot serve --processes N``,
+    bot/prefork.py) a registry that reads every process's values from that folder and sums them
+    (gauges as their ``multiprocess_mode`` says; collectors of one process, such as ``process_*``,
+    are left out: https://prometheus.github.io/client_python/multiprocess/)."""
+    if not os.environ.get(MULTIPROC_DIR_ENV):
+        return REGISTRY
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged)
+    return merged
+
+
+#: What ``GET /metrics`` serves (:func:`render`).
+_SERVED: Final = _served_registry()
+
+
 def render(accept: str | None = None) -> tuple[bytes, str]:
-    """:data:`REGISTRY` in the format the scraper asked for; returns ``(body, Content-Type)``.
+    """Every metric in the format the scraper asked for; returns ``(body, Content-Type)``.
+
+    The metrics are :data:`REGISTRY`'s, or with several serving processes the sum over all of
+    them (:func:`_served_registry`).
 
     Args:
         accept: the request's ``Accept`` header. Prometheus asks for OpenMetrics when it
@@ -142,7 +170,7 @@ def render(accept: str | None = None) -> tuple[bytes, str]:
             Negotiation is prometheus-client's own (``exposition.choose_encoder``).
     """
     encoder, content_type = choose_encoder(accept or "")
-    return encoder(REGISTRY), content_type
+    return encoder(_SERVED), content_type
 
 
 def record_fallback(from_engine: str, to_engine: str | None) -> None:

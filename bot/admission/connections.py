@@ -180,13 +180,15 @@ class _GatedProtocol(asyncio.Protocol):
 class GatedTCPSite(web.BaseSite):
     """aiohttp's TCP site with every accepted connection passed through a :class:`ConnectionGate`.
 
-    Like ``web.TCPSite(runner, host, port)``; :attr:`port` is the bound port (useful with port 0).
+    Like ``web.TCPSite(runner, host, port, reuse_port=…)``; :attr:`port` is the bound port (useful
+    with port 0). ``reuse_port``: bind with ``SO_REUSEPORT``, so that several processes listen on
+    the same port and the kernel spreads the connections over them (bot/prefork.py).
     """
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: ConnectionGate, *,
-                 backlog: int = 1024):
+                 backlog: int = 1024, reuse_port: bool = False):
         super().__init__(runner, backlog=backlog)
-        self._host, self._port, self._gate = host, port, gate
+        self._host, self._port, self._gate, self._reuse_port = host, port, gate, reuse_port
 
     @property
     def name(self) -> str:
@@ -204,4 +206,4 @@ class GatedTCPSite(web.BaseSite):
         assert server is not None, "runner.setup() first"
         self._server = await asyncio.get_running_loop().create_server(
             self._gate.protocol_factory(server), self._host, self._port, backlog=self._backlog,
-            reuse_address=True)
+            reuse_address=True, reuse_port=self._reuse_port or None)

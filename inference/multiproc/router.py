@@ -43,6 +43,7 @@ Metrics: the server's ``/metrics`` re-exports each worker's own metrics as
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -148,12 +149,7 @@ class ProcessPoolEncoder(Supervision):
         """
         require_prepared(engines_dir)
         self = cls(cfg, engines_dir, encoder_factory, server_loader, log_setup)
-        for server, result in zip(self.servers.values(),
-                                  await asyncio.gather(*(self._spawn(s) for s in self.servers.values()),
-                                                       return_exceptions=True)):
-            if isinstance(result, BaseException):
-                log.error("engine_server_failed", server=server.label, error=str(result),
-                          action="its worker processes load the next engine of inference.engine_order")
+        await self._start_servers()
         results = await asyncio.gather(*(self._spawn(w) for w in self.workers), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -171,6 +167,36 @@ class ProcessPoolEncoder(Supervision):
         log.info("process_pool_ready", processes=len(self.workers), engine=self.info["engine"],
                  devices=[w.label for w in self.workers], pids=[w.info.get("pid") for w in self.workers])
         return self
+
+    @classmethod
+    async def engine_servers(cls, cfg: InferenceConfig, engines_dir: Path, server_loader: str = "",
+                             log_setup: str = "") -> ProcessPoolEncoder:
+        """Only the engine servers, one per GPU of ``cfg.devices`` (``cfg.engine_server`` on, a GPU
+        engine in ``cfg.engine_order`` and a GPU visible; else none), and no worker processes: for
+        ``healthbot serve --processes N`` (bot/prefork.py), whose front-end processes reach them
+        at ``servers[device].server_path``. Watched and restarted as with :meth:`create`; a server
+        that cannot load its engine is logged (its front ends load the next engine of
+        ``inference.engine_order``). :meth:`close` stops them; :meth:`encode` has no worker to use.
+
+        Raises:
+            FileNotFoundError: the model is not prepared (``healthbot prepare-model``).
+        """
+        require_prepared(engines_dir)
+        self = cls(dataclasses.replace(cfg, device_processes=1), engines_dir, server_loader=server_loader,
+                   log_setup=log_setup)
+        self.workers = []
+        await self._start_servers()
+        if self.servers:
+            self._background(self._watch_servers())
+        return self
+
+    async def _start_servers(self) -> None:
+        for server, result in zip(self.servers.values(),
+                                  await asyncio.gather(*(self._spawn(s) for s in self.servers.values()),
+                                                       return_exceptions=True)):
+            if isinstance(result, BaseException):
+                log.error("engine_server_failed", server=server.label, error=str(result),
+                          action="the processes that use it load the next engine of inference.engine_order")
 
     # ------------------------------------------------------------------ state
     @property
@@ -289,6 +315,7 @@ class ProcessPoolEncoder(Supervision):
         await asyncio.gather(*(self._stop(s) for s in self.servers.values()))
         if self._socket_dir:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-        metrics.INFERENCE_WORKERS.labels(engine=self.info["engine"]).dec(self._engines)
-        metrics.REGISTRY.unregister(self._worker_metrics)
+        if self.workers:  # not for the engine servers alone (engine_servers)
+            metrics.INFERENCE_WORKERS.labels(engine=self.info["engine"]).dec(self._engines)
+            metrics.REGISTRY.unregister(self._worker_metrics)
 
