@@ -17,6 +17,7 @@ import yaml
 
 from bot.reply_limits import PASSIVE_TEXT_MAX_BYTES
 from safety.disclaimer import with_disclaimer
+from safety.review import review
 
 LANGS = ("zh", "en")
 
@@ -200,10 +201,13 @@ def _parse_topic(file: str, index: int, raw: Any, category: str, problems: list[
                   facet_topics=facet_topics)
     for facet in (None, *facets):
         for lang in LANGS:
-            size = len(with_disclaimer(topic.render(lang, facet), lang).encode("utf-8"))
+            text, which = topic.render(lang, facet), f"rendered {lang} reply{f' (facet {facet})' if facet else ''}"
+            size = len(with_disclaimer(text, lang).encode("utf-8"))
             if size > PASSIVE_TEXT_MAX_BYTES:
-                problems.append(f"{where}: rendered {lang} reply{f' (facet {facet})' if facet else ''} is {size} "
-                                f"bytes, WeChat's passive reply limit is {PASSIVE_TEXT_MAX_BYTES}")
+                problems.append(f"{where}: {which} is {size} bytes, WeChat's passive reply limit is {PASSIVE_TEXT_MAX_BYTES}")
+            blocked = review(text, lang).reasons  # the outgoing check would send its fallback instead
+            if blocked:
+                problems.append(f"{where}: {which} is blocked by safety/review.py ({', '.join(blocked)}): reword it")
     return topic
 
 

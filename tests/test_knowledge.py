@@ -62,6 +62,21 @@ def test_a_bad_file_is_reported_with_file_and_field(tmp_path):
     assert f"{first.name}: {broken['id']}: answer.zh: 400 characters, limit 260" in text
 
 
+def test_a_text_the_outgoing_review_would_block_is_a_problem(tmp_path):
+    """safety/review.py replaces a whole reply that reads as a diagnosis or a medicine change with
+    its fallback: such a sentence in the base (e.g. "换药" for changing a dressing) would silently
+    stop the topic from ever being answered, so kb check names it."""
+    kb_dir = _copy_base(tmp_path)
+    first = sorted(kb_dir.glob("*.yaml"))[0]
+    data = yaml.safe_load(first.read_text(encoding="utf-8"))
+    topic = data["topics"][0]
+    topic["answer"]["en"] = topic["answer"]["en"][:200] + " You have gastritis."
+    first.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    with pytest.raises(KnowledgeBaseError) as err:
+        load_knowledge_base(kb_dir)
+    assert any(topic["id"] in p and "blocked by safety/review.py (diagnosis:" in p for p in err.value.problems)
+
+
 def test_duplicate_ids_and_missing_catalogue_topics_are_problems(tmp_path):
     kb_dir = _copy_base(tmp_path)
     files = sorted(kb_dir.glob("*.yaml"))
