@@ -53,11 +53,11 @@ class DecisionConfig:
     refer: float = 0.5
     answer: float = 0.5
     #: P(fit) below which a topic answer is declined, chosen on the development files (blind A,
-    #: B, D, H, I, J) after the register data of 2026-12-02 (bot/decision_data/train_registers_2):
-    #: from 0.45 to 0.4 the right topic went 79.5 -> 82.5 % (H), 79.4 -> 80.9 % (I), 78.1 -> 79.7 % (J)
-    #: while confidently wrong replies stayed 4.6 % (H), 6.5 -> 7.0 % (I), 6.7 % (J); at 0.3 they
-    #: rose to 7.9-10.5 %.
-    topic_fit: float = 0.4
+    #: B, D, H, I, J) with the verifier of FIT_VERSION 5 (runner-up negatives, bot/topic_fit.py):
+    #: at 0.3 the right topic on H, I, J is 77.7, 77.9, 76.4 % with 3.8, 5.5, 5.8 % of replies
+    #: confidently wrong; at 0.4, 74.7, 73.5, 75.6 % with 3.8, 5.0, 4.6 %. The verifier before
+    #: (FIT_VERSION 4) at 0.45: 79.5, 79.4, 78.1 % with 4.6, 6.5, 6.7 %.
+    topic_fit: float = 0.3
 
 
 @dataclass(frozen=True)

@@ -378,12 +378,13 @@ class Retriever:
         worst = max((weights[t] for t in lacking), default=0.0) / self._top_idf
         return 1.0 - sum(weights[t] for t in lacking) / total, worst, unknown / total
 
-    def pair_features(self, q: np.ndarray, text: str, topic: int | None = None, exclude: int | None = None
-                      ) -> tuple[int, np.ndarray]:
+    def pair_features(self, q: np.ndarray, text: str, topic: int | None = None, exclude: int | None = None,
+                      avoid: frozenset[int] = frozenset()) -> tuple[int, np.ndarray]:
         """(topic index, :func:`fit_features`) for ``q`` float32[D] and its canonical ``text``.
 
-        ``topic``: the topic to describe (default: the best by hybrid score); ``exclude``:
-        an example row left out of the index and of its topic's centroid (leave-one-out).
+        ``topic``: the topic to describe (default: the best by hybrid score that is not in
+        ``avoid``); ``exclude``: an example row left out of the index and of its topic's
+        centroid (leave-one-out).
         """
         terms = tokenize(text)
         hybrid, dense, best, lexical = self._score(q, terms, exclude)
@@ -394,7 +395,7 @@ class Retriever:
         saturated = lexical / (lexical + LEXICAL_SATURATION)
         if exclude is not None:
             hybrid = dense + LEXICAL_WEIGHT * saturated
-        t = int(np.argmax(hybrid)) if topic is None else topic
+        t = int(np.argmax(np.where(np.isin(np.arange(len(hybrid)), list(avoid)), -np.inf, hybrid))) if topic is None else topic
         centroid = self.centroids[t]
         if own == t:
             rest = self._sums[t] - self.vectors[exclude]

@@ -24,7 +24,9 @@ Training pairs, all from the project's own files (deterministic):
 - every knowledge-base example question against the topic retrieval would give it with
   the question itself left out of the index, its topic's BM25 document and centroid
   (leave-one-out): 1 when that is its own topic, else 0 (and its own topic as a 1);
-- ``bot/decision_data`` answer lines with ``topics``: their best topic, 1 when listed;
+- ``bot/decision_data`` answer lines with ``topics``: their best topic, 1 when listed, and
+  the best topic that is not listed, 0 (a near topic that does not answer: on the blind
+  batches H, I and J it raised the wrong answers cut at equal right answers kept by 9 points);
 - ``bot/decision_data`` no_answer, refer_doctor and out_of_scope lines: their best topic, 0.
 
 Model: a one-hidden-layer network (scikit-learn MLP, fixed seed) over standardized
@@ -53,7 +55,7 @@ log = structlog.get_logger("healthbot.topic_fit")
 #: Hidden units and L2 strength (chosen on evals/blind-a, -b, -d and the dev set; bot/decision_data/README.md).
 HIDDEN, ALPHA = (64,), 1e-2
 #: Bumped when features or training change, so cached verifiers are not reused.
-FIT_VERSION = "4"
+FIT_VERSION = "5"
 #: decision_data labels that are never answered by a topic.
 NEGATIVE_INTENTS = ("no_answer", "refer_doctor", "out_of_scope")
 
@@ -95,6 +97,10 @@ def training_pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndar
         topic, feats = retriever.pair_features(vector, query_text(row["q"]))
         xs.append(feats)
         ys.append(int(row["intent"] == "answer" and retriever.topic_ids[topic] in row["topics"]))
+        if row["intent"] == "answer":  # a near topic that is not the answer: the runner-up negative
+            right = frozenset(i for i, tid in enumerate(retriever.topic_ids) if tid in row["topics"])
+            xs.append(retriever.pair_features(vector, query_text(row["q"]), avoid=right)[1])
+            ys.append(0)
     return np.stack(xs).astype(np.float32), np.asarray(ys)
 
 

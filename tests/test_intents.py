@@ -51,6 +51,11 @@ def test_greeting_and_handoff_in_one_message_is_a_handoff():
     assert rule_intent(normalize("你好，转人工")) == Intent.HANDOFF
 
 
+@pytest.mark.parametrize("text", ["有冇真人可以同我倾下", "搵个人工客服啦", "我想同真人讲"])
+def test_cantonese_requests_for_a_person_are_a_handoff(text):
+    assert rule_intent(normalize(text)) == Intent.HANDOFF
+
+
 @pytest.mark.parametrize("text", ["人工关节能用多少年", "需要人工关节置换吗"])
 def test_artificial_joint_is_not_a_handoff(text):
     assert rule_intent(normalize(text)) != Intent.HANDOFF
