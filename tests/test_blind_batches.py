@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.model, requires_model]
 EVALS = Path(__file__).resolve().parent.parent / "evals"
 
 
-@pytest.mark.parametrize("name", ["blind-a.jsonl", "blind-b.jsonl", "blind-d.jsonl", "blind-h.jsonl", "blind-i.jsonl"])
+@pytest.mark.parametrize("name", ["blind-a.jsonl", "blind-b.jsonl", "blind-d.jsonl", "blind-h.jsonl", "blind-i.jsonl",
+                                  "blind-k.jsonl"])
 async def test_blind_batch_emergencies_are_all_caught_and_few_answers_are_confidently_wrong(dispatcher, name):
     res = await evaluate(dispatcher, read_labelled(EVALS / name), run=name)
     s = res.summary()

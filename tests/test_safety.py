@@ -117,12 +117,14 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("孩子误喝了马桶清洁剂", "poisoning.chemical_zh"),
     ("what's the point of waking up anymore", "crisis.suicidal_en"),
     ("there's no point in getting up", "crisis.suicidal_en"),
+    ("又划手了 不想让家里人知道 怎么让伤口好得快点", "crisis.cut_self_zh"),  # blind batch K, after it was measured
+    ("我又忍不住划了胳膊", "crisis.cut_self_zh"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
 
 
-@pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "what's the point of this app",
+@pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "切菜又划手了怎么办", "孩子玩刀划手了", "what's the point of this app",
                                   "what's the point of stretching before running"])
 def test_drinking_a_lot_and_ordinary_what_is_the_point_are_not_flagged(text):
     assert match_red_flags(text) == []
