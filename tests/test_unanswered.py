@@ -124,7 +124,7 @@ async def test_unanswered_and_referred_questions_are_recorded_masked_without_ids
     store = await open_store(cfg.effective_store_url)
     try:
         d = sharing_the_model(dispatcher, cfg, store)
-        asked = [ask(f"做完心脏支架手术后多久可以坐飞机？我的电话{PHONE}"), ask("布洛芬一次吃几片"),
+        asked = [ask(f"心脏支架手术以后能坐飞机吗 我手机{PHONE}"), ask("布洛芬一次吃几片"),
                  ask("手脚冰凉怎么办"), ask("我爸胸口像压了块石头，一直出冷汗"), ask("那饮食上呢")]
         replies = [await d.handle(inbound) for inbound in asked]
         assert [r.intent for r in replies] == [Intent.NO_ANSWER, Intent.REFER_DOCTOR, Intent.ANSWER,
@@ -140,7 +140,7 @@ async def test_unanswered_and_referred_questions_are_recorded_masked_without_ids
     assert len(raw) == 2, raw  # not the answer, the emergency, nor the ask-back to a follow-up
     assert [e["intent"] for e in entries] == ["no_answer", "refer_doctor"]
     assert all(set(e) == KEYS for e in entries)
-    assert entries[0]["text"] == "做完心脏支架手术后多久可以坐飞机？我的电话[PHONE]"
+    assert entries[0]["text"] == "心脏支架手术以后能坐飞机吗 我手机[PHONE]"
     assert entries[1]["text"] == "布洛芬一次吃几片" and entries[1]["reason"] == "dose"
     assert all(e["lang"] == "zh" and e["decided_by"] and e["best_topic"] for e in entries)
     assert all(now - 60 <= e["ts"] <= now for e in entries)
