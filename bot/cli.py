@@ -74,7 +74,7 @@ def cmd_serve(cfg: Config, args: argparse.Namespace) -> int:
     _ensure_model(cfg)
     print(f"healthbot: starting (model in {cfg.engines_path}, data in {cfg.path(cfg.data_dir)}); the first start "
           "embeds the knowledge base and trains the decision head, a few minutes once (cached in "
-          f"{cfg.engines_path / 'cache'}), later starts take seconds; a 'healthbot ready' line follows",
+          f"{cfg.engines_path / 'cache'}), later starts take seconds; once it answers, it prints where it listens",
           file=sys.stderr)
     if processes > 1:
         return run_master(cfg, args.log_level, args.log_format)
