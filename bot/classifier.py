@@ -77,7 +77,7 @@ def training_rows(kb: KnowledgeBase) -> list[tuple[str, str]]:
     for t in kb.topics.values():
         for lang in LANGS:
             rows += [(query_text(q), "answer") for q in (t.title[lang], *t.questions[lang])]
-    examples = yaml.safe_load(INTENT_EXAMPLES.read_text(encoding="utf-8"))
+    examples = yaml.load(INTENT_EXAMPLES.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     for kind in ("out_of_scope", "no_answer"):
         rows += [(query_text(q), kind) for q in examples.get(kind, [])]
     return [(text, label) for text, label in dict(rows).items() if text]  # one label per text: the last

@@ -114,7 +114,7 @@ class _Rules:
 
 @lru_cache(maxsize=1)
 def _rules(path: Path = RULES_PATH) -> _Rules:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     facets = []
     for name, cues in data["facets"].items():
         if name != SEE_DOCTOR and name not in FACETS:

@@ -35,7 +35,7 @@ __all__ = ["rule_intent", "intent_reply", "unsupported_reply", "care_team_reply"
 
 #: The rule table: patterns, greeting tokens, care-team rules, abuse words, replies.
 TABLE = Path(__file__).with_name("intent_rules.yaml")
-_DATA = yaml.safe_load(TABLE.read_text(encoding="utf-8"))
+_DATA = yaml.load(TABLE.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
 
 
 def _regex(value: str | list[str] | None) -> str | None:

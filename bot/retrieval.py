@@ -218,27 +218,29 @@ class Retriever:
         np.add.at(sums, owners, vectors)
         self._sums = sums
         self.centroids = sums / np.linalg.norm(sums, axis=1, keepdims=True)
-        docs = []
-        for tid in self.topic_ids:
-            t = kb.topics[tid]
-            text = " ".join(t.title[lang] + " " + " ".join(t.questions[lang]) + " " + t.answer[lang]
-                            for lang in LANGS)
-            docs.append(tokenize(text.lower()))
+        # index terms of every title, example question and answer, each tokenized once
+        # (the text is split at spaces first, so joining texts joins their terms)
+        titles = [[tokenize(kb.topics[tid].title[lang].lower()) for lang in LANGS] for tid in self.topic_ids]
+        questions = [[[tokenize(q.lower()) for q in kb.topics[tid].questions[lang]] for lang in LANGS]
+                     for tid in self.topic_ids]
+        docs = [[w for li, lang in enumerate(LANGS)
+                 for w in (*titles[t][li], *(w for q in questions[t][li] for w in q),
+                           *tokenize(kb.topics[tid].answer[lang].lower()))]
+                for t, tid in enumerate(self.topic_ids)]
         self.bm25 = BM25(docs)
         self._top_idf = max(self.bm25.idf.values(), default=1.0)
         # the words a topic's title and example questions use: a follow-up that names a
         # subject outside them asks about something else (:meth:`new_subject`)
-        self.topic_words = [set(tokenize(" ".join(kb.topics[tid].title[lang] + " " + " ".join(kb.topics[tid].questions[lang])
-                                                  for lang in LANGS).lower())) for tid in self.topic_ids]
+        self.topic_words = [{w for li in range(len(LANGS)) for w in (*titles[t][li], *(w for q in questions[t][li] for w in q))}
+                            for t in range(len(self.topic_ids))]
         # the words that name a subject: those of the topics' titles that few topics' titles
         # and questions use (at most SUBJECT_TOPICS)
         spread = Counter(w for words in self.topic_words for w in words)
-        self.subject_words = {w for tid in self.topic_ids for lang in LANGS
-                              for w in tokenize(kb.topics[tid].title[lang].lower()) if spread[w] <= SUBJECT_TOPICS}
+        self.subject_words = {w for per_lang in titles for terms in per_lang for w in terms if spread[w] <= SUBJECT_TOPICS}
         # ... and the words that some topic's example questions keep coming back to ("补肾"),
         # used by few topics: a one-off phrase in one question names nothing
-        recurring = Counter((tid, w) for tid in self.topic_ids for lang in LANGS
-                            for q in kb.topics[tid].questions[lang] for w in set(tokenize(q.lower())))
+        recurring = Counter((t, w) for t in range(len(self.topic_ids)) for per_lang in questions[t]
+                            for q in per_lang for w in set(q))
         self.subject_words |= {w for (_, w), n in recurring.items() if n >= RECURRING and spread[w] <= RECURRING_TOPICS}
 
     @staticmethod
@@ -267,7 +269,7 @@ class Retriever:
         texts, _ = self.example_texts(self.kb)
         known = dict(zip(texts, self.vectors))
         known.update(zip((PASSAGE + t for t in self.answer_texts(self.kb)), self.answer_vectors))
-        examples = yaml.safe_load(INTENT_EXAMPLES.read_text(encoding="utf-8"))
+        examples = yaml.load(INTENT_EXAMPLES.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
         for kind, vectors in self.example_vectors.items():
             known.update(zip(examples.get(kind, []), vectors))
         return known
@@ -281,7 +283,7 @@ class Retriever:
         the questions an edit added or changed).
         """
         texts, owners = cls.example_texts(kb)
-        examples = yaml.safe_load(INTENT_EXAMPLES.read_text(encoding="utf-8"))
+        examples = yaml.load(INTENT_EXAMPLES.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
         kinds = sorted(examples)
         n_kb = len(texts)
         for kind in kinds:

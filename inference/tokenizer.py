@@ -11,8 +11,8 @@ writes into ``engines/``:
 2. runs of U+0020 collapse to one;
 3. Metaspace (``▁`` for spaces, one prepended) and Viterbi over the unigram
    pieces of ``tokenizer.json``, by SentencePiece, the library this Unigram
-   model comes from (:func:`unigram_processor`, built from ``tokenizer.json`` at
-   load): the whole tokenization of a bench question 15-16 against 27 us of CPU
+   model comes from (:func:`unigram_processor`, built from ``tokenizer.json`` once
+   and kept in ``engines/cache``): the whole tokenization of a bench question 15-16 against 27 us of CPU
    with the HF fast tokenizer's Unigram (development machine, one thread; on the
    H200 host the worker processes' CPU per text fell from 50-52 to 30-37 us, as
    SentencePiece's batch call releases the GIL; fewer than :data:`SPM_BATCH_MIN`
@@ -38,7 +38,9 @@ turns into a space.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,7 +79,7 @@ PROBES: tuple[str, ...] = (
 )
 
 
-def unigram_processor(spec: dict) -> Any:
+def unigram_processor(text: str, cache_dir: Path | None = None) -> Any:
     """A SentencePiece processor for the Unigram model of a ``tokenizer.json``.
 
     The model is rebuilt in SentencePiece's own format (``ModelProto``, its
@@ -90,20 +92,46 @@ def unigram_processor(spec: dict) -> Any:
     "always"``) only when the text does not start with one, so the dummy prefix is
     off and :meth:`E5Tokenizer.content_ids_batch` prepends the space itself.
 
+    Building it from the 250,000 pieces takes about 2 s of CPU; the serialized model is kept in
+    ``cache_dir`` as ``sentencepiece-<first 16 hex of the file's SHA-256>.model`` and read from
+    there on later loads (a folder that cannot be written is skipped: it is built each time).
+
     Args:
-        spec: the parsed ``tokenizer.json``.
+        text: the ``tokenizer.json`` file's text.
+        cache_dir: where the serialized model is kept, or None.
 
     Returns:
         ``sentencepiece.SentencePieceProcessor``, or None when the file is not a
         Unigram model behind a Metaspace pre-tokenizer with no normalizer (then only
         the HF tokenizer serves).
     """
+    import sentencepiece
+
+    cached = (Path(cache_dir) / f"sentencepiece-{hashlib.sha256(text.encode()).hexdigest()[:16]}.model"
+              if cache_dir is not None else None)
+    if cached is not None and cached.is_file():
+        return sentencepiece.SentencePieceProcessor(model_proto=cached.read_bytes())
+    proto = _unigram_model_proto(json.loads(text))
+    if proto is None:
+        return None
+    if cached is not None:
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+        try:  # replicas may share the folder: a temporary file, then a rename
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(proto)
+            tmp.replace(cached)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    return sentencepiece.SentencePieceProcessor(model_proto=proto)
+
+
+def _unigram_model_proto(spec: dict) -> bytes | None:
+    """The serialized SentencePiece ``ModelProto`` of :func:`unigram_processor`, or None."""
     model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
     if (model.get("type") != "Unigram" or model.get("byte_fallback") or spec.get("normalizer")
             or pre.get("type") != "Metaspace" or pre.get("replacement") != "\u2581"
             or pre.get("prepend_scheme") != "always"):
         return None
-    import sentencepiece
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     piece = pb.ModelProto.SentencePiece
@@ -115,7 +143,7 @@ def unigram_processor(spec: dict) -> Any:
     ts.model_type, ts.unk_id, ts.bos_id, ts.pad_id, ts.eos_id = pb.TrainerSpec.UNIGRAM, unk, -1, -1, -1
     ns = proto.normalizer_spec
     ns.name, ns.add_dummy_prefix, ns.remove_extra_whitespaces, ns.escape_whitespaces = "identity", False, False, True
-    return sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
+    return proto.SerializeToString()
 
 
 class ModelNotPreparedError(FileNotFoundError):
@@ -212,7 +240,7 @@ class E5Tokenizer:
         fast = Tokenizer.from_str(text)
         norm = json.loads((engines_dir / files[1]).read_text(encoding="utf-8"))["map"]
         tok = cls(fast, norm, max_len=max_len, **ids)
-        unigram = unigram_processor(json.loads(text))
+        unigram = unigram_processor(text, engines_dir / "cache")
         if unigram is not None:
             hf = tok.content_ids_batch(PROBES, "")
             tok._unigram = unigram

@@ -10,7 +10,9 @@ does not replace a doctor.
 
 from __future__ import annotations
 
-from safety.normalize import to_simplified
+from functools import lru_cache
+
+from safety.normalize import to_user_script
 
 __all__ = ["DISCLAIMER", "DISCLAIMER_MAX_CHARS", "with_disclaimer"]
 
@@ -50,8 +52,13 @@ def with_disclaimer(text: str, lang: str) -> str:
 
 
 def _has_disclaimer(text: str) -> bool:
-    if any(d in text for d in DISCLAIMER.values()):
-        return True
-    # The dispatcher may already have converted a Chinese reply to Traditional.
-    tail = text[-2 * DISCLAIMER_MAX_CHARS:]
-    return DISCLAIMER["zh"] in to_simplified(tail)
+    # The dispatcher may already have converted a Chinese reply to Traditional (Taiwan or Hong Kong).
+    return any(d in text for d in _written_forms())
+
+
+@lru_cache(maxsize=1)
+def _written_forms() -> tuple[str, ...]:
+    """Every disclaimer as a reply may carry it: each language's, and the Chinese one in both
+    Traditional variants :func:`safety.normalize.to_user_script` writes."""
+    zh = DISCLAIMER["zh"]
+    return (*DISCLAIMER.values(), to_user_script(zh, "hant"), to_user_script(zh, "hant", "hk"))

@@ -30,7 +30,7 @@ class Family:
 
 
 def _load() -> tuple[Family, ...]:
-    data = yaml.safe_load(TABLE.read_text(encoding="utf-8"))
+    data = yaml.load(TABLE.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     return tuple(Family(f["id"], re.compile(f["cues"]), {"zh": f["zh"], "en": f["en"]}) for f in data["families"])
 
 

@@ -95,7 +95,7 @@ def _words(table: dict[str, str | list[str]]) -> dict[str, str]:
     return words
 
 
-_DATA = yaml.safe_load(TABLE.read_text(encoding="utf-8"))
+_DATA = yaml.load(TABLE.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
 #: The word lists as regexes ("drug_zh", "lab_en", "disease_zh", ...).
 WORDS: dict[str, str] = _words(_DATA["words"])
 YAO = WORDS["yao"]

@@ -146,7 +146,7 @@ def _regex(spec: str | dict, blocks: dict[str, str]) -> str:
 
 def load_red_flags(path: Path = RED_FLAG_DIR / "rules.yaml") -> tuple[RedFlag, ...]:
     """The red flags of ``path`` (rules.yaml), in file order, placeholders filled."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     blocks: dict[str, str] = {}
     for name, spec in data["blocks"].items():
         blocks[name] = _regex(spec, blocks)
@@ -164,7 +164,7 @@ def load_red_flags(path: Path = RED_FLAG_DIR / "rules.yaml") -> tuple[RedFlag, .
 
 
 def _load_replies(path: Path = RED_FLAG_DIR / "replies.yaml") -> tuple[dict[str, tuple[str, str]], ...]:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     return tuple({cat: (r["zh"], r["en"]) for cat, r in data[key].items()} for key in ("while_waiting", "lead"))
 
 

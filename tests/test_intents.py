@@ -157,7 +157,7 @@ def test_phones_and_pets_are_off_topic_unless_about_the_persons_health(text, off
 def _load(path):
     import yaml
 
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
 
 
 def _regex(value):

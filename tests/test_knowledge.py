@@ -50,7 +50,7 @@ def _copy_base(tmp_path: Path) -> Path:
 def test_a_bad_file_is_reported_with_file_and_field(tmp_path):
     kb_dir = _copy_base(tmp_path)
     first = sorted(kb_dir.glob("*.yaml"))[0]
-    data = yaml.safe_load(first.read_text(encoding="utf-8"))
+    data = yaml.load(first.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     broken = data["topics"][0]
     del broken["sources"]
     broken["answer"]["zh"] = "很长" * 200
@@ -68,7 +68,7 @@ def test_a_text_the_outgoing_review_would_block_is_a_problem(tmp_path):
     stop the topic from ever being answered, so kb check names it."""
     kb_dir = _copy_base(tmp_path)
     first = sorted(kb_dir.glob("*.yaml"))[0]
-    data = yaml.safe_load(first.read_text(encoding="utf-8"))
+    data = yaml.load(first.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     topic = data["topics"][0]
     topic["answer"]["en"] = topic["answer"]["en"][:200] + " You have gastritis."
     first.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
@@ -80,7 +80,7 @@ def test_a_text_the_outgoing_review_would_block_is_a_problem(tmp_path):
 def test_duplicate_ids_and_missing_catalogue_topics_are_problems(tmp_path):
     kb_dir = _copy_base(tmp_path)
     files = sorted(kb_dir.glob("*.yaml"))
-    data = yaml.safe_load(files[0].read_text(encoding="utf-8"))
+    data = yaml.load(files[0].read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     removed = data["topics"].pop(0)
     files[0].write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     problems = check_knowledge_base(kb_dir)

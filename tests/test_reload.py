@@ -22,7 +22,7 @@ async def test_edit_takes_effect_and_bad_edit_keeps_old_base(dispatcher, tmp_pat
     try:
         last = fingerprint(kb_dir)
         path = kb_dir / "sleep.yaml"
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
         snoring = next(t for t in data["topics"] if t["id"] == "sleep.snoring")
         snoring["answer"]["zh"] = "（已更新）" + snoring["answer"]["zh"][:200]
         snoring["questions"]["zh"].append("睡觉时喉咙里像拉风箱一样响")
