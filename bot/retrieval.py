@@ -33,7 +33,7 @@ import structlog
 import yaml
 
 from bot.knowledge import LANGS, KnowledgeBase
-from bot.lexical import BM25, tokenize
+from bot.lexical import BM25, TopicTerms, tokenize, topic_terms
 from bot.logs import logged_step
 from bot.terms import canonical_terms
 from bot.topic_scope import TopicScope
@@ -195,7 +195,7 @@ class Retriever:
     """
 
     def __init__(self, kb: KnowledgeBase, encoder: TextEncoder, vectors: np.ndarray, owners: np.ndarray,
-                 example_vectors: dict[str, np.ndarray], answer_vectors: np.ndarray):
+                 example_vectors: dict[str, np.ndarray], answer_vectors: np.ndarray, terms: TopicTerms):
         self.kb = kb
         self.scope = TopicScope(kb)  # which topics cover which populations and named diseases
         self.encoder = encoder
@@ -218,15 +218,10 @@ class Retriever:
         np.add.at(sums, owners, vectors)
         self._sums = sums
         self.centroids = sums / np.linalg.norm(sums, axis=1, keepdims=True)
-        # index terms of every title, example question and answer, each tokenized once
-        # (the text is split at spaces first, so joining texts joins their terms)
-        titles = [[tokenize(kb.topics[tid].title[lang].lower()) for lang in LANGS] for tid in self.topic_ids]
-        questions = [[[tokenize(q.lower()) for q in kb.topics[tid].questions[lang]] for lang in LANGS]
-                     for tid in self.topic_ids]
-        docs = [[w for li, lang in enumerate(LANGS)
-                 for w in (*titles[t][li], *(w for q in questions[t][li] for w in q),
-                           *tokenize(kb.topics[tid].answer[lang].lower()))]
-                for t, tid in enumerate(self.topic_ids)]
+        titles, questions = terms.titles, terms.questions
+        docs = [[w for li in range(len(LANGS)) for w in (*titles[t][li], *(w for q in questions[t][li] for w in q),
+                                                          *terms.answers[t][li])]
+                for t in range(len(self.topic_ids))]
         self.bm25 = BM25(docs)
         self._top_idf = max(self.bm25.idf.values(), default=1.0)
         # the words a topic's title and example questions use: a follow-up that names a
@@ -236,7 +231,7 @@ class Retriever:
         # the words that name a subject: those of the topics' titles that few topics' titles
         # and questions use (at most SUBJECT_TOPICS)
         spread = Counter(w for words in self.topic_words for w in words)
-        self.subject_words = {w for per_lang in titles for terms in per_lang for w in terms if spread[w] <= SUBJECT_TOPICS}
+        self.subject_words = {w for per_lang in titles for ws in per_lang for w in ws if spread[w] <= SUBJECT_TOPICS}
         # ... and the words that some topic's example questions keep coming back to ("补肾"),
         # used by few topics: a one-off phrase in one question names nothing
         recurring = Counter((t, w) for t in range(len(self.topic_ids)) for per_lang in questions[t]
@@ -316,8 +311,9 @@ class Retriever:
             example_vectors[kind] = vectors[at:at + len(examples[kind])]
             at += len(examples[kind])
         # the indexes (BM25, topic words, scope): seconds of Python, off the event loop a reload shares
-        return await asyncio.to_thread(cls, kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32),
-                                       example_vectors, vectors[at:at + len(passages)])
+        return await asyncio.to_thread(lambda: cls(kb, encoder, vectors[:n_kb], np.asarray(owners, dtype=np.int32),
+                                                   example_vectors, vectors[at:at + len(passages)],
+                                                   topic_terms(kb, cache_dir)))
 
     def _score(self, q: np.ndarray, terms: list[str], exclude: int | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
