@@ -58,6 +58,11 @@ class DecisionConfig:
     #: confidently wrong; at 0.3, 6.5 % wrong on I and 6.7 % on J; at 0.25, 80.1, 81.6, 78.9 % on
     #: topic with 5.0, 7.5, 7.1 % wrong.
     topic_fit: float = 0.35
+    #: P(fit) from which a topic declined by ``topic_fit`` is offered instead ("您是想了解「…」吗？",
+    #: bot/suggestion.py). Chosen on the development batches H, I, J, K (2026-12-03): of the answerable
+    #: questions declined at 0.1 <= P(fit) < 0.35 the offered topic was right for 35 of 52; below 0.1,
+    #: for 11 of 23, where 25 of 48 offers would go to questions no topic answers.
+    suggest: float = 0.1
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ Order of checks (docs/architecture.md, "One WeChat text message, end to end"):
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any, Awaitable, TypeVar
 
@@ -30,18 +29,19 @@ from bot import metrics
 from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
-from bot.dedup import OnceCache, message_key
+from bot.dedup import ExactlyOnce, OnceCache, message_key
 from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, follows_topic, more_reply,
                             plan_follow_up)
 from bot.handoff import HandoffManager
-from bot.intents import (greeting_reply, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
+from bot.intents import (BUSY_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY, greeting_reply, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
                          drop_handoff_offer, intent_reply, is_abuse, is_end_handoff, rule_intent, unsupported_reply)
 from bot.knowledge import KnowledgeBase, Topic
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
 from bot.session import Session, Sessions
+from bot.suggestion import answer_to_offer, ask_again_reply, suggestion_reply
 from bot.store import MemoryStore, Store, StoreError
-from bot.store.health import LocalCache, store_unavailable
+from bot.store.health import store_unavailable
 from bot.topic_fit import TopicFit
 from bot.types import Inbound, Intent, MessageKind, Reply
 from bot.unanswered import UnansweredRecorder
@@ -59,32 +59,10 @@ log = structlog.get_logger("healthbot.dispatch")
 
 T = TypeVar("T")
 
-#: A claim on a message being computed expires after this, seconds (a replica that
-#: died mid-computation does not block the next delivery for long).
-CLAIM_TTL_S = 30.0
-#: Finished replies are kept this long for channel retries, seconds.
-REPLY_TTL_S = 3600.0
-#: How long a replica that lost the claim waits for the winner's reply, seconds
-#: (inside WeChat's 5 s deadline, with the adapter's own budget on top).
-REPLICA_WAIT_S = 4.5
-
 #: Replies about health: reviewed (no dose, no "stop taking") and carrying the disclaimer.
 HEALTH_INTENTS = frozenset({Intent.ANSWER, Intent.EMERGENCY, Intent.REFER_DOCTOR, Intent.NO_ANSWER})
 #: Channels whose users are rate limited (the CLI and evaluations are local tools).
 RATE_LIMITED_CHANNELS = frozenset({"wechat", "telegram", "http"})
-
-SLOW_DOWN_REPLY = {
-    "zh": "您发消息有点快，请稍等几秒再发，我会一条一条回答您。",
-    "en": "You're sending messages a little fast. Please wait a few seconds and send your question again.",
-}
-BUSY_REPLY = {
-    "zh": "现在咨询的人有点多，请稍等几秒再发一次您的问题，谢谢您的耐心。",
-    "en": "I'm a little busy right now. Please send your question again in a few seconds.",
-}
-VOICE_OFF_REPLY = {
-    "zh": "本账号暂未开启语音识别，请用文字描述您的问题，例如：“失眠怎么调理”。",
-    "en": "Voice recognition is not switched on for this account. Please type your question.",
-}
 
 
 class Dispatcher:
@@ -108,8 +86,7 @@ class Dispatcher:
         self.handoff = handoff or HandoffManager(self.store)
         self.sessions = Sessions(self.store)
         self.once: OnceCache[Reply] = OnceCache()
-        #: Finished replies this process could not store (the store failed): dedup in memory.
-        self.replies_here: LocalCache[str, str] = LocalCache()
+        self.exactly_once = ExactlyOnce(self.store)
         self.unanswered = UnansweredRecorder(cfg.knowledge)  # knowledge.record_unanswered
 
     async def _without_store(self, operation: str, call: Awaitable[T], fallback: T) -> T:
@@ -154,56 +131,10 @@ class Dispatcher:
             return self._timed(inbound)
 
         try:
-            return await self.once.run(message_key(inbound), lambda: self._once_everywhere(inbound, compute))
+            return await self.once.run(message_key(inbound), lambda: self.exactly_once.run(inbound, compute))
         finally:
             if not computed:  # answered by an in-flight or stored computation
                 metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
-
-    async def _once_everywhere(self, inbound: Inbound, compute) -> Reply:
-        """Exactly once across replicas: the replica that claims the message computes it.
-
-        The claim (``dedup:<channel>:<user>:<id>``, :data:`CLAIM_TTL_S`) and the finished reply
-        (``reply:<channel>:<user>:<id>``, :data:`REPLY_TTL_S`) live in the store; the key holds
-        the user, so two users who send the same message id never share a reply. A replica that
-        loses the claim waits up to :data:`REPLICA_WAIT_S` for the winner's reply, then
-        answers nothing (the winner delivers it). A claim whose holder died expires, and
-        a later delivery computes again. If the store fails, the message is computed here.
-        """
-        key = message_key(inbound)
-        reply_key = f"reply:{key}"
-        try:
-            stored = await self.store.get(reply_key)
-            if stored is not None:
-                return Reply.from_json(stored)
-            claimed = await self.store.set_if_absent(f"dedup:{key}", "1", CLAIM_TTL_S)
-        except StoreError as exc:
-            store_unavailable("dedup", exc)
-            here = self.replies_here.get(reply_key)
-            if here is not None:
-                return Reply.from_json(here)
-            reply = await compute()
-            self.replies_here.set(reply_key, reply.to_json(), REPLY_TTL_S)
-            return reply
-        if claimed:
-            reply = await compute()
-            try:
-                await self.store.set(reply_key, reply.to_json(), REPLY_TTL_S)
-            except StoreError as exc:
-                store_unavailable("dedup", exc)
-                self.replies_here.set(reply_key, reply.to_json(), REPLY_TTL_S)
-            return reply
-        deadline = time.monotonic() + REPLICA_WAIT_S
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            try:
-                stored = await self.store.get(reply_key)
-            except StoreError as exc:  # the winner's reply cannot be read: compute it here
-                store_unavailable("dedup", exc)
-                return await compute()
-            if stored is not None:
-                return Reply.from_json(stored)
-        log.info("dedup.answered_elsewhere", channel=inbound.channel, message_id=inbound.message_id)
-        return Reply("", Intent.SYSTEM, inbound.lang or "zh")
 
     async def _timed(self, inbound: Inbound) -> Reply:
         """``_decide`` plus one log line and the request metrics (bot/metrics.py) per computed message.
@@ -304,6 +235,18 @@ class Dispatcher:
                                                                         **notes}
         if not await self._within_rate(inbound):
             return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
+        session: Session | None = None
+        if (yes_no := answer_to_offer(norm.text)) is not None:  # "是" / "不是" to the topic the last reply offered
+            session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
+                                                Session())
+            offered = self.kb.topics.get(session.suggested or "")
+            if offered is not None and yes_no == "yes":
+                return await self._send_topic(inbound, session, offered, lang, out, {"decided_by": "suggestion"})
+            if yes_no == "no":  # a bare "不是" is no question: ask for one rather than read it as one
+                if offered is not None:
+                    session.suggested = None
+                    await self._save_session(inbound, session)
+                return out(ask_again_reply(lang), Intent.NO_ANSWER), {"decided_by": "suggestion", "offer": "declined"}
         intent = rule_intent(norm)
         if intent is None and is_abuse(norm):
             return out(abuse_reply(lang), Intent.OUT_OF_SCOPE), {"rule": "abuse"}
@@ -312,8 +255,9 @@ class Dispatcher:
         scope = check_scope(norm.text, lang)
         referral = care_team_reply(norm, lang)
         retriever, head, topic_fit = self.retriever, self.head, self.topic_fit  # one model per message: bot/model_reload.py
-        session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
-                                            Session())
+        if session is None:
+            session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
+                                                Session())
         last = retriever.kb.topics.get(session.last_topic or "")
         plan = (plan_follow_up(norm.text, last, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
@@ -357,7 +301,7 @@ class Dispatcher:
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:
-            net_ids, net_line = safety_net(norm.text, lang, d.safety_net, self._number(lang), self._crisis_line(lang))
+            net_ids, net_line = safety_net(norm.text, lang, d.safety_net, *self._contacts(lang))
             notes["safety_net"] = list(net_ids)
 
         def reply(body: str, intent: Intent, **kw: Any) -> Reply:
@@ -372,7 +316,7 @@ class Dispatcher:
             return await self._follow_up(inbound, session, last, plan.loose.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"
-                    else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', self._number(lang), self._crisis_line(lang))[1]}")
+                    else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', *self._contacts(lang))[1]}")
             return out(body, Intent.EMERGENCY, handoff=True, engine=retriever.encoder.engine_name), {**notes, "kind": d.kind}
         if d.intent is Intent.HANDOFF:
             return await self._handoff(inbound, agents, out, lang, "head")
@@ -386,9 +330,14 @@ class Dispatcher:
         if d.intent is Intent.OUT_OF_SCOPE:
             return reply(intent_reply(d.intent, lang), d.intent), notes
         if d.intent is Intent.NO_ANSWER:
+            offered = (retriever.kb.topics[best.topic_id] if d.source == "topic_fit"
+                       and d.fit >= self.cfg.decision.suggest else None)
             session.no_answer_streak += 1
-            await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session),
-                                      None)
+            session.suggested = offered.id if offered else None
+            await self._save_session(inbound, session)
+            if offered is not None:  # "您是想了解「…」吗？": a yes sends it (bot/suggestion.py)
+                return reply(suggestion_reply(offered, lang), Intent.NO_ANSWER, confidence=d.fit,
+                             suggested=offered.id), {**notes, "suggested": offered.id}
             return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=d.fit,
                          handoff=True), notes
         topic = retriever.kb.topics[best.topic_id]
@@ -396,10 +345,15 @@ class Dispatcher:
             # the follow-up found the topic it follows: what else to ask, not the same answer again
             return reply(more_reply(topic, lang), Intent.ANSWER, topic=topic.id,
                          confidence=d.fit), {**notes, "follow_up": "more"}
-        session.last_topic, session.last_facet, session.no_answer_streak = topic.id, None, 0
-        await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session),
-                                  None)
-        return reply(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=d.fit), notes
+        return await self._send_topic(inbound, session, topic, lang, reply, notes, confidence=d.fit)
+
+    async def _send_topic(self, inbound: Inbound, session: Session, topic: Topic, lang: str, out, notes: dict,
+                          confidence: float = 1.0) -> tuple[Reply, dict]:
+        """``topic``'s answer, remembered as the topic in context. ``confidence``: P(fit), or 1.0
+        where the user chose the topic (a yes to an offer)."""
+        session.last_topic, session.last_facet, session.suggested, session.no_answer_streak = topic.id, None, None, 0
+        await self._save_session(inbound, session)
+        return out(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=confidence), notes
 
     async def _handoff(self, inbound: Inbound, agents: bool, out, lang: str, source: str) -> tuple[Reply, dict]:
         """Start a handoff where a person can take it; else say honestly that nobody is available."""
@@ -419,14 +373,15 @@ class Dispatcher:
         honest "nothing specific here"; for "还有呢" (``None``) what else can be asked."""
         topic, facet, body, found = follow_up_reply(self.kb, topic, facet, lang, hint)
         if found:
-            session.last_topic, session.last_facet = topic.id, facet
-            await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id,
-                                                                         session), None)
+            session.last_topic, session.last_facet, session.suggested = topic.id, facet, None
+            await self._save_session(inbound, session)
         return (out(body, Intent.ANSWER if found else Intent.NO_ANSWER, topic=topic.id, confidence=1.0 if found else 0.0),
                 {"follow_up": facet or "more", "decided_by": "follow_up", **({} if found else {"facet": "missing"})})
 
-    def _number(self, lang: str) -> str:
-        return self.cfg.safety.emergency_number_zh if lang == "zh" else self.cfg.safety.emergency_number_en
+    async def _save_session(self, inbound: Inbound, session: Session) -> None:
+        await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session), None)
 
-    def _crisis_line(self, lang: str) -> str:
-        return self.cfg.safety.crisis_line_zh if lang == "zh" else self.cfg.safety.crisis_line_en
+    def _contacts(self, lang: str) -> tuple[str, str]:
+        """(the emergency number, the crisis line) in ``lang``, from the ``safety`` config."""
+        c = self.cfg.safety
+        return (c.emergency_number_zh, c.crisis_line_zh) if lang == "zh" else (c.emergency_number_en, c.crisis_line_en)

@@ -8,7 +8,9 @@ refer_doctor line needs a clinician) and ``false_premise: true``.
 Figures (issue "Answer only what the knowledge base truly answers"):
 
 - intent accuracy over all lines (``crisis`` counts as ``emergency``, the intent the bot
-  reports); topic accuracy over ``answer`` lines that carry ``topics``;
+  reports); topic accuracy over ``answer`` lines that carry ``topics``; and the same with
+  the topics offered ("您是想了解「…」吗？", bot/suggestion.py) counted: the right topic
+  answered or offered, one "yes" away;
 - emergencies caught: emergency and crisis lines answered as an emergency **or** given a
   safety-net line; full alarms on other lines (false alarms);
 - confidently wrong: replies that are a topic answer where the line wanted another topic
@@ -49,6 +51,8 @@ class EvalResult:
     intent_ok: int = 0
     answer_lines: int = 0
     topic_ok: int = 0
+    topic_offered: int = 0  # answer lines whose right topic was answered or offered
+    offers: int = 0  # replies that offer a topic
     emergency_lines: int = 0
     emergency_hit: int = 0  # full emergency reply
     emergency_caught: int = 0  # full reply or safety net
@@ -87,6 +91,8 @@ class EvalResult:
             "lines": self.total,
             "intent_accuracy": _frac(self.intent_ok, self.total),
             "topic_accuracy": _frac(self.topic_ok, self.answer_lines),
+            "topic_answered_or_offered": _frac(self.topic_offered, self.answer_lines),
+            "offers": self.offers,
             "emergency_recall": _frac(self.emergency_hit, self.emergency_lines),
             "emergency_caught": _frac(self.emergency_caught, self.emergency_lines),
             "false_alarms": self.false_alarms,
@@ -151,6 +157,8 @@ def score(res: EvalResult, row: dict, reply) -> None:
         res.answer_lines += 1
         topic_ok = reply.topic in row["topics"]
         res.topic_ok += topic_ok
+        res.topic_offered += topic_ok or getattr(reply, "suggested", None) in row["topics"]
+    res.offers += getattr(reply, "suggested", None) is not None
     if got == "answer":
         right = want == "answer" and (not row.get("topics") or reply.topic in row["topics"])
         res.answers.append((reply.confidence, right))
@@ -169,7 +177,7 @@ def score(res: EvalResult, row: dict, reply) -> None:
     if not ok or not topic_ok:
         res.misses.append({"q": row["q"], "want": row["intent"], "got": got, "want_topics": row.get("topics"),
                            "got_topic": reply.topic, "confidence": round(reply.confidence, 3),
-                           "safety_net": list(net)})
+                           "safety_net": list(net), "offered": getattr(reply, "suggested", None)})
 
 
 async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> EvalResult:
@@ -207,6 +215,8 @@ def format_report(res: EvalResult) -> str:
         f"intent accuracy        {s['intent_accuracy']:.1%}",
         f"topic accuracy         {_pct(s['topic_accuracy'], s['answer_lines'])}  (on {s['answer_lines']} answer "
         f"lines with a topic label)",
+        f"right topic offered    {_pct(s['topic_answered_or_offered'], s['answer_lines'])}  (answered, or offered "
+        f"with \"did you mean\"; {s['offers']} replies offered a topic)",
         f"emergencies caught     {_pct(s['emergency_caught'], s['emergency_lines'])}  (full reply or safety net, "
         f"on {s['emergency_lines']} emergency and crisis lines; full reply {_pct(s['emergency_recall'], 1)})",
         f"false alarms           {s['false_alarms']}  ({s['false_alarm_rate']:.1%} of other lines; safety-net "

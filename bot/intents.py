@@ -257,3 +257,18 @@ ABUSE_REPLY: dict[str, str] = _texts(_REPLY_TEXTS["abuse"])
 def abuse_reply(lang: str) -> str:
     """A calm reply to an insult: apologise, invite a rephrase, offer a human."""
     return ABUSE_REPLY.get(lang, ABUSE_REPLY["zh"])
+
+
+#: Replies about the message itself (intent system), used by bot/dispatcher.py.
+SLOW_DOWN_REPLY = {
+    "zh": "您发消息有点快，请稍等几秒再发，我会一条一条回答您。",
+    "en": "You're sending messages a little fast. Please wait a few seconds and send your question again.",
+}
+BUSY_REPLY = {
+    "zh": "现在咨询的人有点多，请稍等几秒再发一次您的问题，谢谢您的耐心。",
+    "en": "I'm a little busy right now. Please send your question again in a few seconds.",
+}
+VOICE_OFF_REPLY = {
+    "zh": "本账号暂未开启语音识别，请用文字描述您的问题，例如：“失眠怎么调理”。",
+    "en": "Voice recognition is not switched on for this account. Please type your question.",
+}

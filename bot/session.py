@@ -24,6 +24,8 @@ class Session:
     #: the facet of ``last_topic`` last shown (bot/follow_up.py); None for its main answer
     last_facet: str | None = None
     lang: str | None = None
+    #: the topic offered by the last reply ("您是想了解「…」吗？", bot/suggestion.py), sent on a yes
+    suggested: str | None = None
     no_answer_streak: int = 0
     updated: float = field(default_factory=time.time)
 

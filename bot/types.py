@@ -105,6 +105,8 @@ class Reply:
         handoff: True when the bot offers or starts a human handoff.
         safety_net: the warning-sign families (safety/safety_net.yaml) of the safety-net line
             the reply carries when danger was possible but not certain; empty when none.
+        suggested: the topic a ``no_answer`` reply offers ("您是想了解「…」吗？", bot/suggestion.py),
+            sent if the user's next message says yes; else ``None``.
     """
 
     text: str
@@ -116,6 +118,7 @@ class Reply:
     latency_ms: float = 0.0
     handoff: bool = False
     safety_net: tuple[str, ...] = ()
+    suggested: str | None = None
 
     def to_json(self) -> str:
         """Every field as JSON (shared between replicas through the store)."""
@@ -138,4 +141,5 @@ class Reply:
             "latency_ms": round(self.latency_ms, 2),
             "lang": self.lang,
             "safety_net": list(self.safety_net),
+            "suggested_topic": self.suggested,
         }

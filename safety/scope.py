@@ -161,7 +161,7 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
         ``None`` for a question the knowledge base may answer.
     """
     view = normalize(text).text
-    rule = _first_rule(_NON_DRUG.sub(" ", view))
+    rule = _first_rule(without_non_drug(view))
     return ScopeResult(reason=rule.reason, reply=refer_reply(rule.reason, lang, view)) if rule else None
 
 
@@ -169,6 +169,15 @@ _MEDICINE = re.compile(f"{DRUG_ZH}|\\b{DRUG_EN}")
 #: Phrases asking for ways without a medicine (``non_drug`` in scope_rules.yaml): taken out
 #: before the medicine rules read the message.
 _NON_DRUG = re.compile(WORDS["non_drug"])
+_NON_DRUG_AVOID, _NON_DRUG_ASK = re.compile(WORDS["non_drug_avoid"]), re.compile(WORDS["non_drug_ask"])
+
+
+def without_non_drug(text: str) -> str:
+    """A normalized message without its requests for ways other than a medicine (``non_drug``;
+    ``non_drug_avoid`` when the message also asks for other ways, ``non_drug_ask``), so that
+    the self-care question behind "不想吃药 有什么食疗" is answered, not referred."""
+    text = _NON_DRUG.sub(" ", text)
+    return _NON_DRUG_AVOID.sub(" ", text) if _NON_DRUG_ASK.search(text) else text
 
 
 #: Supplements the knowledge base answers (nutri.supplements): not "a named medicine".
@@ -179,7 +188,7 @@ def names_medicine(text: str) -> bool:
     """True when a normalized message names a medicine other than an everyday supplement
     (issue 20: a question about a named medicine goes to a doctor or pharmacist, never a
     self-care topic)."""
-    return bool(_MEDICINE.search(_SUPPLEMENTS.sub(" ", _NON_DRUG.sub(" ", text))))
+    return bool(_MEDICINE.search(_SUPPLEMENTS.sub(" ", without_non_drug(text))))
 
 
 def has_medicine(text: str) -> bool:
