@@ -29,6 +29,11 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
    medicine (not a supplement) is referred to a doctor or pharmacist instead;
 10. else no_answer (honest: cannot answer reliably, see a doctor).
 
+A no_answer offers the best topic instead ("您是想了解「…」吗？", bot/suggestion.py) when only
+one of the two learned judges doubts it: the verifier, at ``suggest`` <= P(fit) < ``topic_fit``
+(step 9), or the head, at p(answer) < ``answer`` with P(fit) >= ``topic_fit`` and nothing else
+against the topic (no medicine, no scope gap, retrieval confident).
+
 The thresholds were chosen on the project's own files (evals/safety.jsonl, the dev
 set), never on a blind batch; `healthbot eval FILE` shows their effect (risk-coverage).
 """
@@ -61,7 +66,9 @@ class DecisionConfig:
     #: P(fit) from which a topic declined by ``topic_fit`` is offered instead ("您是想了解「…」吗？",
     #: bot/suggestion.py). Chosen on the development batches H, I, J, K (2026-12-03): of the answerable
     #: questions declined at 0.1 <= P(fit) < 0.35 the offered topic was right for 35 of 52; below 0.1,
-    #: for 11 of 23, where 25 of 48 offers would go to questions no topic answers.
+    #: for 11 of 23, where 25 of 48 offers would go to questions no topic answers. A topic the head
+    #: alone doubts is offered at P(fit) >= ``topic_fit``: right for 17 of the 17 answerable questions
+    #: among 24 such declines on blind A, B, D, H-L (at >= 0.1: 19 of 20, but 34 offers, one an emergency).
     suggest: float = 0.1
 
 
@@ -76,6 +83,7 @@ class Decision:
         safety_net: ``"emergency"`` or ``"crisis"`` when a safety-net line goes with the reply, else ``""``.
         fit: the calibrated probability that the topic's answer fits the question (the topic-fit
             verifier, bot/topic_fit.py), reported to clients as the confidence; 0 for others.
+        offer: a no_answer that offers the best topic ("did you mean …?"; see the module docstring).
     """
 
     intent: Intent
@@ -84,6 +92,7 @@ class Decision:
     safety_net: str = ""
     fit: float = 0.0
     notes: dict = field(default_factory=dict)
+    offer: bool = False
 
 
 def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None, scope: bool, care_team: bool,
@@ -111,8 +120,8 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         return Decision(Intent.EMERGENCY, "head", kind=kind, notes=notes)
     net = kind if danger >= cfg.danger_net else ""
 
-    def out(intent: Intent, source: str, fit: float = 0.0) -> Decision:
-        return Decision(intent, source, safety_net=net, fit=fit, notes=notes)
+    def out(intent: Intent, source: str, fit: float = 0.0, offer: bool = False) -> Decision:
+        return Decision(intent, source, safety_net=net, fit=fit, notes=notes, offer=offer)
 
     if rule is Intent.GREETING:
         return out(Intent.GREETING, "rule")
@@ -130,8 +139,10 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         return out(Intent.NO_ANSWER, "rule")
     if probs["refer_doctor"] >= cfg.refer:
         return out(Intent.REFER_DOCTOR, "head")
+    topic_stands = (not names_medicine and scope_gap is None and off_topic is None
+                    and retrieval_confidence >= min_confidence)
     if probs["answer"] < cfg.answer:
-        return out(Intent.NO_ANSWER, "head")
+        return out(Intent.NO_ANSWER, "head", fit=topic_fit, offer=topic_stands and topic_fit >= cfg.topic_fit)
     if names_medicine:
         return out(Intent.REFER_DOCTOR, "medicine")
     if scope_gap is not None:
@@ -139,5 +150,5 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
     if off_topic is not None or retrieval_confidence < min_confidence:
         return out(Intent.NO_ANSWER, "retrieval")
     if topic_fit < cfg.topic_fit:
-        return out(Intent.NO_ANSWER, "topic_fit", fit=topic_fit)
+        return out(Intent.NO_ANSWER, "topic_fit", fit=topic_fit, offer=topic_fit >= cfg.suggest)
     return out(Intent.ANSWER, "head", fit=topic_fit)

@@ -330,8 +330,7 @@ class Dispatcher:
         if d.intent is Intent.OUT_OF_SCOPE:
             return reply(intent_reply(d.intent, lang), d.intent), notes
         if d.intent is Intent.NO_ANSWER:
-            offered = (retriever.kb.topics[best.topic_id] if d.source == "topic_fit"
-                       and d.fit >= self.cfg.decision.suggest else None)
+            offered = retriever.kb.topics[best.topic_id] if d.offer else None
             session.no_answer_streak += 1
             session.suggested = offered.id if offered else None
             await self._save_session(inbound, session)
