@@ -28,6 +28,7 @@ from adapters.telegram import (SendPolicy, TelegramAdapter, parse_update, redact
                                webhook_admin)
 from bot.config import REPO_ROOT, ConfigError, load_config
 from bot.dedup import OnceCache
+from bot.feedback import FeedbackBook
 from bot.handoff import HandoffManager
 from bot.types import Inbound, Intent, MessageKind, Reply
 
@@ -48,13 +49,14 @@ class ScriptedDispatcher:
     """Deduplicates on (channel, message_id) like the real dispatcher (bot.dedup.OnceCache),
     records transcript turns and relays to agents during a handoff like it; answers
     ``"答：<text>"`` (``"Answer: <text>"`` when ``Inbound.lang`` is en), or
-    :attr:`replies[text]`.
+    :attr:`replies[text]`; as an offer of :attr:`offers[text]` (a no_answer) when there is one.
 
     Attributes:
         calls: every Inbound handed in (retries included).
         computed: computations (one per distinct message).
         delays: text → seconds to sleep before answering it.
         fail: texts whose computation raises.
+        offers: text → the topic id its reply offers ("您是想了解「…」吗？", ``Reply.suggested``).
     """
 
     def __init__(self, handoff: HandoffManager):
@@ -65,6 +67,7 @@ class ScriptedDispatcher:
         self.replies: dict[str, str] = {}
         self.delays: dict[str, float] = {}
         self.fail: set[str] = set()
+        self.offers: dict[str, str] = {}
 
     async def handle(self, inbound: Inbound) -> Reply:
         self.calls.append(inbound)
@@ -89,6 +92,8 @@ class ScriptedDispatcher:
         text = self.replies.get(inbound.text) or (("Answer: " if lang == "en" else "答：") + inbound.text)
         await self.handoff.record_turn(inbound.channel, inbound.user_id, "user", inbound.text)
         await self.handoff.record_turn(inbound.channel, inbound.user_id, "bot", text)
+        if inbound.text in self.offers:
+            return Reply(text, Intent.NO_ANSWER, lang, suggested=self.offers[inbound.text])
         return Reply(text, Intent.ANSWER, lang)
 
 
@@ -130,7 +135,7 @@ class Harness:
 
 
 async def _harness(dispatcher_factory=None, agent_chat: int = AGENTS, api_base: str | None = None,
-                   polling: bool = False):
+                   polling: bool = False, feedback: FeedbackBook | None = None):
     fake = await FakeBotAPI(token=TOKEN).start()
     cfg = load_config(env={
         "HEALTHBOT_TELEGRAM_TOKEN": TOKEN, "HEALTHBOT_TELEGRAM_SECRET": SECRET,
@@ -146,7 +151,7 @@ async def _harness(dispatcher_factory=None, agent_chat: int = AGENTS, api_base: 
 
     app = web.Application()
     adapter = setup_telegram(app, cfg, dispatcher, getattr(dispatcher, "handoff", handoff),
-                             policy=SendPolicy(sleep=short_sleep))
+                             policy=SendPolicy(sleep=short_sleep), feedback=feedback)
     if polling:
         use_polling(app)
     server = TestServer(app, host="127.0.0.1", port=0)
@@ -405,6 +410,27 @@ async def test_unknown_command_gets_a_hint_not_an_answer(tg: Harness):
     await tg.deliver(tg.u.command(USER, "/foo"))
     assert tg.dispatcher.calls == []
     assert tg.texts(USER) == ["没有这个命令。发送 /help 查看可用命令，或直接输入您的问题。"]
+
+
+# --------------------------------------------------------------------------- "did you mean …?" offers
+
+YES_NO = {"keyboard": [[{"text": "是"}, {"text": "不是"}]], "one_time_keyboard": True, "resize_keyboard": True}
+
+
+async def test_an_offer_carries_yes_no_reply_buttons_on_its_last_part_only(tg: Harness):
+    tg.dispatcher.replies["长"] = "多喝温水，注意保暖。" * 500  # two parts
+    tg.dispatcher.offers.update({"长": "sleep.insomnia", "失眠怎么办": "sleep.insomnia", "water": "nutri.water"})
+    await tg.deliver(tg.u.text(USER, "长"), tg.u.text(USER, "好的"))
+    first, last, answer = tg.fake.calls_to("sendMessage", chat_id=USER)
+    assert "reply_markup" not in first.params and last.params["reply_markup"] == YES_NO
+    assert "reply_markup" not in answer.params  # not an offer: no buttons
+    await tg.deliver(tg.u.command(OTHER, "/lang en"), tg.u.text(OTHER, "water"))
+    assert tg.fake.calls_to("sendMessage", chat_id=OTHER)[-1].params["reply_markup"]["keyboard"] == \
+        [[{"text": "Yes"}, {"text": "No"}]]
+    # In a group a tap would be neither a mention nor a reply: the bot would not hear it.
+    await tg.deliver(tg.u.group_text(GROUP, USER, "失眠怎么办", mention=True))
+    (offer,) = tg.fake.calls_to("sendMessage", chat_id=GROUP)
+    assert "reply_markup" not in offer.params
 
 
 # --------------------------------------------------------------------------- output limits and errors
@@ -752,6 +778,33 @@ async def test_e2e_start_greets_and_markup_in_a_question_is_harmless(tg_real: Ha
     greeting, answer, sticker = tg_real.texts(user)  # every one accepted by the fake's HTML parser
     assert greeting and answer and sticker
     assert tg_real.adapter.stats["errors"] == 0
+
+
+@pytest.mark.model
+async def test_e2e_an_offer_gets_yes_no_buttons_and_a_tap_gets_the_topic(dispatcher, monkeypatch):
+    monkeypatch.setattr(dispatcher.cfg.decision, "topic_fit", 0.999)  # every topic answer becomes an offer
+    monkeypatch.setattr(dispatcher.cfg.decision, "suggest", 0.0)
+    h = await _harness(_real(dispatcher), feedback=FeedbackBook(dispatcher.store))
+    try:
+        user = _fresh_user()
+        await h.deliver(h.u.text(user, "失眠怎么调理"))
+        (offer,) = h.fake.calls_to("sendMessage", chat_id=user)
+        assert "您是想了解「" in offer.params["_shown"] and offer.params["reply_markup"] == YES_NO  # no 👍/👎
+        await h.deliver(h.u.text(user, "是"))  # the tap: the button's text as an ordinary message
+        answer = h.fake.calls_to("sendMessage", chat_id=user)[1:]
+        assert answer[0].params["_shown"].startswith(dispatcher.kb.topics["sleep.insomnia"].render("zh")[:20])
+        assert list(answer[-1].params["reply_markup"]) == ["inline_keyboard"]  # an answer: 👍 / 👎 only
+
+        english = _fresh_user()
+        await h.deliver(h.u.command(english, "/lang en"), h.u.text(english, "how much water should I drink every day"))
+        offer = h.fake.calls_to("sendMessage", chat_id=english)[-1]
+        assert offer.params["reply_markup"]["keyboard"] == [[{"text": "Yes"}, {"text": "No"}]]
+        await h.deliver(h.u.text(english, "Yes"))
+        answer = h.fake.calls_to("sendMessage", chat_id=english)[-1]
+        assert answer.params["_shown"].startswith(dispatcher.kb.topics["nutri.water"].render("en")[:20])
+        assert "keyboard" not in answer.params["reply_markup"]
+    finally:
+        await _close(h)
 
 
 @pytest.mark.model

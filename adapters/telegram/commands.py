@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
-from telegram import Bot, CallbackQuery, InlineKeyboardButton, InlineKeyboardMarkup, Message, MessageEntity, Update, \
-    User
+from telegram import (Bot, CallbackQuery, InlineKeyboardButton, InlineKeyboardMarkup, Message, MessageEntity,
+                      ReplyKeyboardMarkup, Update, User)
 from telegram.constants import ChatMemberStatus
 from telegram.error import Forbidden, TelegramError
 from telegram.ext import ContextTypes
@@ -23,7 +23,7 @@ from adapters.telegram.feedback import FeedbackButtons
 from adapters.telegram.handoff import USER_TEXTS, TelegramAgentRelay
 from adapters.telegram.parsing import parse_update
 from adapters.telegram.sender import TelegramSender
-from adapters.telegram.texts import LANG_BUTTON_PREFIX, LANG_BUTTON_RE, TEXTS, lang_arg
+from adapters.telegram.texts import LANG_BUTTON_PREFIX, LANG_BUTTON_RE, OFFER_BUTTONS, TEXTS, lang_arg
 from safety.config import SafetyConfig
 from bot.handoff_commands import request_human, stop_conversation
 from bot.types import Inbound, MessageKind, Reply
@@ -72,7 +72,8 @@ class TelegramCommands:
 
     # ---- replies and commands
 
-    async def _reply(self, message: Message, text: str, reply_markup: InlineKeyboardMarkup | None = None) -> None:
+    async def _reply(self, message: Message, text: str,
+                     reply_markup: InlineKeyboardMarkup | ReplyKeyboardMarkup | None = None) -> None:
         """Send ``text`` to the message's chat (as a reply in groups, in its forum topic); never raises."""
         group = message.chat.type in tc.GROUP_CHAT_TYPES
         thread = message.message_thread_id if message.is_topic_message else None
@@ -92,9 +93,20 @@ class TelegramCommands:
             return
         self.stats["dispatched"] += 1
         if reply.text.strip():
-            buttons = self.feedback_buttons
-            await self._reply(message, reply.text,
-                              await buttons.keyboard(inbound, reply) if buttons is not None else None)
+            await self._reply(message, reply.text, await self._buttons(inbound, reply, message))
+
+    async def _buttons(self, inbound: Inbound, reply: Reply, message: Message
+                       ) -> InlineKeyboardMarkup | ReplyKeyboardMarkup | None:
+        """The keyboard under ``reply``: an offer's yes / no (:data:`OFFER_BUTTONS`; a tap sends the label) in a
+        private chat — in a group a tap is neither a mention nor a reply, so the bot would not hear it; an
+        answer's 👍 / 👎; else none."""
+        if reply.suggested is not None:
+            if message.chat.type in tc.GROUP_CHAT_TYPES:
+                return None
+            labels = OFFER_BUTTONS["en" if reply.lang == "en" else "zh"]
+            return ReplyKeyboardMarkup([labels], one_time_keyboard=True, resize_keyboard=True)
+        buttons = self.feedback_buttons
+        return await buttons.keyboard(inbound, reply) if buttons is not None else None
 
     def _text(self, key: str, user_id: str) -> str:
         lang = self.ui_lang_of(user_id)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 import structlog
-from telegram import Bot, InlineKeyboardMarkup, LinkPreviewOptions, Message, ReplyParameters
+from telegram import Bot, InlineKeyboardMarkup, LinkPreviewOptions, Message, ReplyKeyboardMarkup, ReplyParameters
 from telegram.error import BadRequest, ChatMigrated, Forbidden, NetworkError, RetryAfter
 from telegram.warnings import PTBDeprecationWarning
 
@@ -187,7 +187,8 @@ class TelegramSender:
                 await self.policy.sleep(wait)
 
     async def send_text(self, chat_id: int, text: str, *, thread_id: int | None = None,
-                        reply_to: int | None = None, reply_markup: InlineKeyboardMarkup | None = None
+                        reply_to: int | None = None,
+                        reply_markup: InlineKeyboardMarkup | ReplyKeyboardMarkup | None = None
                         ) -> list[Message]:
         """Send ``text`` to ``chat_id`` as one or more HTML messages, in order.
 
@@ -196,7 +197,7 @@ class TelegramSender:
             text: plain text; split by :func:`split_text` and escaped by :func:`render_html`.
             thread_id: forum topic (``message_thread_id``), if any.
             reply_to: message the first part replies to (sent even if it was deleted).
-            reply_markup: buttons, attached to the last part.
+            reply_markup: buttons (under the message, or a reply keyboard), attached to the last part only.
 
         Returns:
             The sent messages (``[]`` for a blank text).
@@ -250,7 +251,8 @@ class TelegramSender:
         return sent
 
     async def _send_part(self, chat_id: int, text: str, parse_mode: str | None, thread_id: int | None,
-                         reply: ReplyParameters | None, markup: InlineKeyboardMarkup | None) -> Message:
+                         reply: ReplyParameters | None, markup: InlineKeyboardMarkup | ReplyKeyboardMarkup | None
+                         ) -> Message:
         bot = self.bot
         assert bot is not None
         return await self.call("sendMessage", lambda: bot.send_message(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["COMMANDS", "LANG_BUTTON_PREFIX", "LANG_BUTTON_RE", "TEXTS", "lang_arg"]
+__all__ = ["COMMANDS", "LANG_BUTTON_PREFIX", "LANG_BUTTON_RE", "OFFER_BUTTONS", "TEXTS", "lang_arg"]
 
 TEXTS: dict[str, dict[str, str]] = {
     "help": {
@@ -51,6 +51,11 @@ COMMANDS: dict[str, list[tuple[str, str]]] = {
            ("stop", "End the conversation with a person, forget the session"), ("lang", "Choose the language")],
 }
 """The command menu registered with setMyCommands at start-up (zh default, en for English clients)."""
+
+OFFER_BUTTONS: dict[str, list[str]] = {"zh": ["是", "不是"], "en": ["Yes", "No"]}
+"""The one-tap answers under a "did you mean …?" offer (bot/suggestion.py), by ``Reply.lang``: a tap
+sends the label as a message, which the dispatcher reads as a bare yes / no (bot/suggestion_rules.yaml;
+Latin text arrives lowercased). "是" / "不是" are written the same in Traditional script."""
 
 LANG_BUTTON_PREFIX = "lang:"
 LANG_BUTTON_RE = re.compile(rf"{LANG_BUTTON_PREFIX}(zh|en)")
