@@ -326,8 +326,9 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
             routes answer 503 (an unsigned webhook is never accepted) and no store is opened.
         dispatcher: ``async handle(Inbound) -> Reply``, deduplicating on
             (channel, message_id); called once per WeChat delivery.
-        store: the shared store to use; None = open ``cfg.effective_store_url`` in
-            the app's cleanup context (closed on cleanup).
+        store: the shared store to use; None = the started dispatcher's (``dispatcher.target.store``,
+            bot/app.py), else open ``cfg.effective_store_url`` in the app's cleanup context (closed on
+            cleanup).
         handoff: the app's handoff manager: told that WeChat's customer-service system
             takes handed-off chats (default: the dispatcher's, if it has one).
         feedback: where votes on answers go (see :class:`WechatAdapter`).
@@ -351,8 +352,12 @@ def setup_wechat(app: web.Application, cfg: Config, dispatcher: DispatcherLike, 
     async def lifecycle(_app: web.Application):
         opened = None
         if adapter.store is None and cfg.wechat.token:
-            opened = await open_store(cfg.effective_store_url)
-            adapter.attach(opened)
+            # The dispatcher's store when it has started (bot/app.py): one connection per process,
+            # so the adapter's writes do not wait on the dispatcher's for SQLite's write lock.
+            shared = getattr(getattr(dispatcher, "target", None), "store", None)
+            if shared is None:
+                shared = opened = await open_store(cfg.effective_store_url)
+            adapter.attach(shared)
         if cfg.wechat.token:
             await adapter.recover()  # what a stopped process left unfinished
         try:
