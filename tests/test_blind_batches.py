@@ -16,7 +16,7 @@ EVALS = Path(__file__).resolve().parent.parent / "evals"
 
 
 @pytest.mark.parametrize("name", ["blind-a.jsonl", "blind-b.jsonl", "blind-d.jsonl", "blind-h.jsonl", "blind-i.jsonl",
-                                  "blind-k.jsonl"])
+                                  "blind-k.jsonl", "blind-l.jsonl", "blind-m.jsonl"])
 async def test_blind_batch_emergencies_are_all_caught_and_few_answers_are_confidently_wrong(dispatcher, name):
     res = await evaluate(dispatcher, read_labelled(EVALS / name), run=name)
     s = res.summary()
