@@ -20,6 +20,7 @@ Order of checks (docs/architecture.md, "One WeChat text message, end to end"):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Awaitable, TypeVar
 
@@ -39,7 +40,7 @@ from bot.knowledge import KnowledgeBase, Topic
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
 from bot.session import Session, Sessions
-from bot.suggestion import answer_to_offer, ask_again_reply, suggestion_reply
+from bot.suggestion import DECLINED, MAX_OFFERED, answer_to_offer, ask_again_reply, suggestion_reply
 from bot.store import MemoryStore, Store, StoreError
 from bot.store.health import store_unavailable
 from bot.topic_fit import TopicFit
@@ -236,15 +237,18 @@ class Dispatcher:
         if not await self._within_rate(inbound):
             return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
         session: Session | None = None
-        if (yes_no := answer_to_offer(norm.text)) is not None:  # "是" / "不是" to the topic the last reply offered
+        if (choice := answer_to_offer(norm.text)) is not None:  # "是", "2", "不是" to the topics last offered
             session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
                                                 Session())
-            offered = self.kb.topics.get(session.suggested or "")
-            if offered is not None and yes_no == "yes":
-                return await self._send_topic(inbound, session, offered, lang, out, {"decided_by": "suggestion"})
-            if yes_no == "no":  # a bare "不是" is no question: ask for one rather than read it as one
-                if offered is not None:
-                    session.suggested = None
+            offered = [self.kb.topics[t] for t in session.suggested if t in self.kb.topics]
+            if offered and len(session.offer_form) == 3:  # the reply follows the offer's language and script
+                lang, script, variant = session.offer_form
+                norm = dataclasses.replace(norm, script=script, variant=variant)
+            if 0 <= choice < len(offered):
+                return await self._send_topic(inbound, session, offered[choice], lang, out, {"decided_by": "suggestion"})
+            if choice == DECLINED:  # a bare "不是" is no question: ask for one rather than read it as one
+                if offered:
+                    session.suggested = []
                     await self._save_session(inbound, session)
                 return out(ask_again_reply(lang), Intent.NO_ANSWER), {"decided_by": "suggestion", "offer": "declined"}
         intent = rule_intent(norm)
@@ -330,13 +334,15 @@ class Dispatcher:
         if d.intent is Intent.OUT_OF_SCOPE:
             return reply(intent_reply(d.intent, lang), d.intent), notes
         if d.intent is Intent.NO_ANSWER:
-            offered = retriever.kb.topics[best.topic_id] if d.offer else None
+            # "您是想了解「…」吗？": the best topic and the next that cover who the question names
+            offered = [best.topic_id] + [m.topic_id for m in found.matches[1:MAX_OFFERED]
+                                         if retriever.scope.uncovered(norm.text, m.topic_id) is None] if d.offer else []
             session.no_answer_streak += 1
-            session.suggested = offered.id if offered else None
+            session.suggested, session.offer_form = offered, [lang, norm.script, norm.variant] if offered else []
             await self._save_session(inbound, session)
-            if offered is not None:  # "您是想了解「…」吗？": a yes sends it (bot/suggestion.py)
-                return reply(suggestion_reply(offered, lang), Intent.NO_ANSWER, confidence=d.fit,
-                             suggested=offered.id), {**notes, "suggested": offered.id}
+            if offered:
+                return reply(suggestion_reply([retriever.kb.topics[t] for t in offered], lang), Intent.NO_ANSWER,
+                             confidence=d.fit, suggested=tuple(offered)), {**notes, "suggested": offered}
             return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=d.fit,
                          handoff=True), notes
         topic = retriever.kb.topics[best.topic_id]
@@ -350,7 +356,7 @@ class Dispatcher:
                           confidence: float = 1.0) -> tuple[Reply, dict]:
         """``topic``'s answer, remembered as the topic in context. ``confidence``: P(fit), or 1.0
         where the user chose the topic (a yes to an offer)."""
-        session.last_topic, session.last_facet, session.suggested, session.no_answer_streak = topic.id, None, None, 0
+        session.last_topic, session.last_facet, session.suggested, session.no_answer_streak = topic.id, None, [], 0
         await self._save_session(inbound, session)
         return out(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=confidence), notes
 
@@ -372,7 +378,7 @@ class Dispatcher:
         honest "nothing specific here"; for "还有呢" (``None``) what else can be asked."""
         topic, facet, body, found = follow_up_reply(self.kb, topic, facet, lang, hint)
         if found:
-            session.last_topic, session.last_facet, session.suggested = topic.id, facet, None
+            session.last_topic, session.last_facet, session.suggested = topic.id, facet, []
             await self._save_session(inbound, session)
         return (out(body, Intent.ANSWER if found else Intent.NO_ANSWER, topic=topic.id, confidence=1.0 if found else 0.0),
                 {"follow_up": facet or "more", "decided_by": "follow_up", **({} if found else {"facet": "missing"})})

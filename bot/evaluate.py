@@ -157,8 +157,8 @@ def score(res: EvalResult, row: dict, reply) -> None:
         res.answer_lines += 1
         topic_ok = reply.topic in row["topics"]
         res.topic_ok += topic_ok
-        res.topic_offered += topic_ok or getattr(reply, "suggested", None) in row["topics"]
-    res.offers += getattr(reply, "suggested", None) is not None
+        res.topic_offered += topic_ok or any(t in row["topics"] for t in getattr(reply, "suggested", ()))
+    res.offers += bool(getattr(reply, "suggested", ()))
     if got == "answer":
         right = want == "answer" and (not row.get("topics") or reply.topic in row["topics"])
         res.answers.append((reply.confidence, right))
@@ -177,7 +177,7 @@ def score(res: EvalResult, row: dict, reply) -> None:
     if not ok or not topic_ok:
         res.misses.append({"q": row["q"], "want": row["intent"], "got": got, "want_topics": row.get("topics"),
                            "got_topic": reply.topic, "confidence": round(reply.confidence, 3),
-                           "safety_net": list(net), "offered": getattr(reply, "suggested", None)})
+                           "safety_net": list(net), "offered": list(getattr(reply, "suggested", ()))})
 
 
 async def evaluate(dispatcher: Dispatcher, rows: list[dict], run: str = "") -> EvalResult:

@@ -24,8 +24,10 @@ class Session:
     #: the facet of ``last_topic`` last shown (bot/follow_up.py); None for its main answer
     last_facet: str | None = None
     lang: str | None = None
-    #: the topic offered by the last reply ("您是想了解「…」吗？", bot/suggestion.py), sent on a yes
-    suggested: str | None = None
+    #: the topics offered by the last reply ("您是想了解「…」吗？", bot/suggestion.py), best first
+    suggested: list[str] = field(default_factory=list)
+    #: the language, script and variant of that offer (safety.normalize): a choice such as "2" says none
+    offer_form: list[str] = field(default_factory=list)
     no_answer_streak: int = 0
     updated: float = field(default_factory=time.time)
 

@@ -1,18 +1,21 @@
-"""“Did you mean …?”: offer the nearest topic when the bot is not sure enough to answer.
+"""“Did you mean …?”: offer the nearest topics when the bot is not sure enough to answer.
 
-When the decision policy declines a topic answer only because the topic-fit verifier's
-P(fit) is below ``decision.topic_fit`` (bot/decision.py), the honest reply is still "I
-can't answer that reliably", but a dead end helps nobody: the nearest topic is right for
-about two in three of these questions (blind batches H–K, 2026-12-03). So the reply names
-that topic's title and asks; a short yes ("是", "对", "嗯", "好的", "1", "yes", "ok") as the
-next message sends the topic's answer. It is the two-stage fallback of dialogue systems
-(Rasa's ``TwoStageFallbackPolicy``: "Did you mean …?" before giving up), with the choice left
-to the user, so a wrong guess costs one message and is never sent as an answer.
+When the decision policy declines a topic answer only because one of its two learned judges
+doubts it (bot/decision.py, ``Decision.offer``), the honest reply is still "I can't answer
+that reliably", but a dead end helps nobody. Among such questions on the development
+batches (A, B, H–M, 2026-12-03) retrieval's best topic was right for 62 %, one of its best
+two for 82 % and one of its best three for 90 %. So the reply lists up to
+:data:`MAX_OFFERED` topic titles and asks; a number ("1", "第二个", "two"), or a bare yes
+for the first ("是", "对", "嗯", "好的", "yes", "ok"), as the next message sends that topic's
+answer, and a bare no asks for the question in other words. It is the two-stage fallback
+of dialogue systems (Rasa's ``TwoStageFallbackPolicy``: "Did you mean …?" before giving up)
+and the "您是不是想问" list of Chinese service bots, with the choice left to the user, so a
+wrong guess costs one message and is never sent as an answer.
 
-The offer is made only for ``decision.suggest`` <= P(fit) < ``decision.topic_fit`` (below
-it, the nearest topic was right less often than wrong on the development batches), never
-for an emergency, a crisis, a referral or a question outside a topic's scope, and it keeps
-any safety-net line. The yes-words are data (bot/suggestion_rules.yaml).
+Topics offered besides the best are retrieval's next best that cover the populations and
+diseases the question names (bot/topic_scope.py). Never for an emergency, a crisis, a
+referral or a named medicine; a safety-net line stays. The words are data
+(bot/suggestion_rules.yaml).
 """
 
 from __future__ import annotations
@@ -26,22 +29,32 @@ import yaml
 from bot.knowledge import Topic
 
 RULES_PATH = Path(__file__).with_name("suggestion_rules.yaml")
+#: Most topics one offer lists.
+MAX_OFFERED = 3
+#: :func:`answer_to_offer` for a no.
+DECLINED = -1
 
 
 @lru_cache(maxsize=1)
-def _answers() -> dict[str, re.Pattern[str]]:
+def _patterns() -> tuple[re.Pattern[str], ...]:
+    """Whole-message patterns: a no, then a choice of the first, second and third topic."""
     rules = yaml.load(RULES_PATH.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
-    return {key: re.compile(f"^(?:{'|'.join(f'(?:{rules[key][lang]})' for lang in ('zh', 'en'))})(?:{rules['tails']})*$")
-            for key in ("affirm", "refuse")}
+
+    def whole(words: dict[str, str]) -> re.Pattern[str]:
+        return re.compile(f"^(?:{'|'.join(f'(?:{words[lang]})' for lang in ('zh', 'en'))})(?:{rules['tails']})*$")
+    return (whole(rules["refuse"]), *(whole(c) for c in rules["choose"]))
 
 
-def answer_to_offer(text: str) -> str | None:
-    """``"yes"`` when a normalized message (Simplified Chinese, lowercase Latin) is only a yes
-    ("是的", "对对", "嗯", "好的呀", "1", "yes please", "ok!"), ``"no"`` when it is only a no
-    ("不是", "不对", "算了", "nope"), else ``None`` (a message of its own)."""
+def answer_to_offer(text: str) -> int | None:
+    """What a normalized message (Simplified Chinese, lowercase Latin) says to an offer, if it is
+    nothing else: the 0-based index of the topic chosen (a bare yes, "是的", "好的呀", "yes
+    please", chooses the first; "2", "第二个", "two" the second), :data:`DECLINED` for a bare no
+    ("不是", "算了", "nope"), else ``None`` (a message of its own)."""
     text = text.strip()
-    pats = _answers()
-    return "yes" if pats["affirm"].match(text) else "no" if pats["refuse"].match(text) else None
+    refuse, *choose = _patterns()
+    if refuse.match(text):
+        return DECLINED
+    return next((i for i, pat in enumerate(choose) if pat.match(text)), None)
 
 
 def ask_again_reply(lang: str) -> str:
@@ -53,11 +66,20 @@ def ask_again_reply(lang: str) -> str:
             "trouble is and what you want to know, e.g. \u201cwhat exercise helps an older person's sore knees?\u201d")
 
 
-def suggestion_reply(topic: Topic, lang: str) -> str:
-    """The honest decline with the offer of ``topic``: its title and how to accept."""
+def suggestion_reply(topics: list[Topic], lang: str) -> str:
+    """The honest decline with the offer of ``topics`` (1 to :data:`MAX_OFFERED`, best first):
+    their titles and how to choose."""
     if lang == "zh":
-        return (f"这个问题我没把握直接回答，怕说错误导您。您是想了解「{topic.title['zh']}」吗？"
-                "是的话，回复“是”，我把这方面的建议发给您；不是的话，请换个说法再问，或咨询医生。")
-    return (f"I'm not sure I can answer that reliably, and I don't want to mislead you. Did you mean "
-            f"\u201c{topic.title['en']}\u201d? Reply \u201cyes\u201d and I'll send that advice; if not, "
-            "please ask in other words, or ask a doctor.")
+        lead = "这个问题我没把握直接回答，怕说错误导您。"
+        if len(topics) == 1:
+            return (f"{lead}您是想了解「{topics[0].title['zh']}」吗？"
+                    "是的话，回复“是”，我把这方面的建议发给您；不是的话，请换个说法再问，或咨询医生。")
+        listed = "\n".join(f"{i}. {t.title['zh']}" for i, t in enumerate(topics, 1))
+        return f"{lead}您是想了解下面哪一个？请回复数字：\n{listed}\n都不是的话，请换个说法再问，或咨询医生。"
+    lead = "I'm not sure I can answer that reliably, and I don't want to mislead you."
+    if len(topics) == 1:
+        return (f"{lead} Did you mean \u201c{topics[0].title['en']}\u201d? Reply \u201cyes\u201d and I'll send "
+                "that advice; if not, please ask in other words, or ask a doctor.")
+    listed = "\n".join(f"{i}. {t.title['en']}" for i, t in enumerate(topics, 1))
+    return (f"{lead} Did you mean one of these? Reply with its number:\n{listed}\n"
+            "If none fits, please ask in other words, or ask a doctor.")

@@ -105,8 +105,8 @@ class Reply:
         handoff: True when the bot offers or starts a human handoff.
         safety_net: the warning-sign families (safety/safety_net.yaml) of the safety-net line
             the reply carries when danger was possible but not certain; empty when none.
-        suggested: the topic a ``no_answer`` reply offers ("您是想了解「…」吗？", bot/suggestion.py),
-            sent if the user's next message says yes; else ``None``.
+        suggested: the topics a ``no_answer`` reply offers, best first ("您是想了解「…」吗？",
+            bot/suggestion.py); the user's next message may choose one; empty when none.
     """
 
     text: str
@@ -118,7 +118,7 @@ class Reply:
     latency_ms: float = 0.0
     handoff: bool = False
     safety_net: tuple[str, ...] = ()
-    suggested: str | None = None
+    suggested: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         """Every field as JSON (shared between replicas through the store)."""
@@ -128,7 +128,8 @@ class Reply:
     def from_json(cls, raw: str) -> "Reply":
         """The inverse of :meth:`to_json`."""
         data = json.loads(raw)
-        return cls(**{**data, "intent": Intent(data["intent"]), "safety_net": tuple(data.get("safety_net", ()))})
+        return cls(**{**data, "intent": Intent(data["intent"]), "safety_net": tuple(data.get("safety_net", ())),
+                      "suggested": tuple(data.get("suggested", ()))})
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON shape of ``healthbot ask --json`` and ``POST /api/chat``."""
@@ -141,5 +142,5 @@ class Reply:
             "latency_ms": round(self.latency_ms, 2),
             "lang": self.lang,
             "safety_net": list(self.safety_net),
-            "suggested_topic": self.suggested,
+            "suggested_topics": list(self.suggested),
         }

@@ -56,7 +56,7 @@ class ScriptedDispatcher:
         computed: computations (one per distinct message).
         delays: text → seconds to sleep before answering it.
         fail: texts whose computation raises.
-        offers: text → the topic id its reply offers ("您是想了解「…」吗？", ``Reply.suggested``).
+        offers: text → the topic ids its reply offers ("您是想了解「…」吗？", ``Reply.suggested``).
     """
 
     def __init__(self, handoff: HandoffManager):
@@ -67,7 +67,7 @@ class ScriptedDispatcher:
         self.replies: dict[str, str] = {}
         self.delays: dict[str, float] = {}
         self.fail: set[str] = set()
-        self.offers: dict[str, str] = {}
+        self.offers: dict[str, tuple[str, ...]] = {}
 
     async def handle(self, inbound: Inbound) -> Reply:
         self.calls.append(inbound)
@@ -419,11 +419,15 @@ YES_NO = {"keyboard": [[{"text": "是"}, {"text": "不是"}]], "one_time_keyboar
 
 async def test_an_offer_carries_yes_no_reply_buttons_on_its_last_part_only(tg: Harness):
     tg.dispatcher.replies["长"] = "多喝温水，注意保暖。" * 500  # two parts
-    tg.dispatcher.offers.update({"长": "sleep.insomnia", "失眠怎么办": "sleep.insomnia", "water": "nutri.water"})
+    tg.dispatcher.offers.update({"长": ("sleep.insomnia",), "失眠怎么办": ("sleep.insomnia",), "water": ("nutri.water",),
+                                 "两个": ("sleep.insomnia", "sleep.early_waking")})
     await tg.deliver(tg.u.text(USER, "长"), tg.u.text(USER, "好的"))
     first, last, answer = tg.fake.calls_to("sendMessage", chat_id=USER)
     assert "reply_markup" not in first.params and last.params["reply_markup"] == YES_NO
     assert "reply_markup" not in answer.params  # not an offer: no buttons
+    await tg.deliver(tg.u.text(USER, "两个"))  # a list of topics: their numbers, then the no
+    assert tg.fake.calls_to("sendMessage", chat_id=USER)[-1].params["reply_markup"]["keyboard"] == \
+        [[{"text": "1"}, {"text": "2"}, {"text": "不是"}]]
     await tg.deliver(tg.u.command(OTHER, "/lang en"), tg.u.text(OTHER, "water"))
     assert tg.fake.calls_to("sendMessage", chat_id=OTHER)[-1].params["reply_markup"]["keyboard"] == \
         [[{"text": "Yes"}, {"text": "No"}]]
@@ -781,7 +785,7 @@ async def test_e2e_start_greets_and_markup_in_a_question_is_harmless(tg_real: Ha
 
 
 @pytest.mark.model
-async def test_e2e_an_offer_gets_yes_no_buttons_and_a_tap_gets_the_topic(dispatcher, monkeypatch):
+async def test_e2e_an_offer_gets_choice_buttons_and_a_tap_gets_the_topic(dispatcher, monkeypatch):
     monkeypatch.setattr(dispatcher.cfg.decision, "topic_fit", 0.999)  # every topic answer becomes an offer
     monkeypatch.setattr(dispatcher.cfg.decision, "suggest", 0.0)
     h = await _harness(_real(dispatcher), feedback=FeedbackBook(dispatcher.store))
@@ -789,8 +793,9 @@ async def test_e2e_an_offer_gets_yes_no_buttons_and_a_tap_gets_the_topic(dispatc
         user = _fresh_user()
         await h.deliver(h.u.text(user, "失眠怎么调理"))
         (offer,) = h.fake.calls_to("sendMessage", chat_id=user)
-        assert "您是想了解「" in offer.params["_shown"] and offer.params["reply_markup"] == YES_NO  # no 👍/👎
-        await h.deliver(h.u.text(user, "是"))  # the tap: the button's text as an ordinary message
+        (labels,) = offer.params["reply_markup"]["keyboard"]  # no 👍/👎
+        assert "您是想了解" in offer.params["_shown"] and labels[0]["text"] in ("是", "1") and labels[-1]["text"] == "不是"
+        await h.deliver(h.u.text(user, labels[0]["text"]))  # the tap: the button's text as an ordinary message
         answer = h.fake.calls_to("sendMessage", chat_id=user)[1:]
         assert answer[0].params["_shown"].startswith(dispatcher.kb.topics["sleep.insomnia"].render("zh")[:20])
         assert list(answer[-1].params["reply_markup"]) == ["inline_keyboard"]  # an answer: 👍 / 👎 only
@@ -798,8 +803,9 @@ async def test_e2e_an_offer_gets_yes_no_buttons_and_a_tap_gets_the_topic(dispatc
         english = _fresh_user()
         await h.deliver(h.u.command(english, "/lang en"), h.u.text(english, "how much water should I drink every day"))
         offer = h.fake.calls_to("sendMessage", chat_id=english)[-1]
-        assert offer.params["reply_markup"]["keyboard"] == [[{"text": "Yes"}, {"text": "No"}]]
-        await h.deliver(h.u.text(english, "Yes"))
+        (labels,) = offer.params["reply_markup"]["keyboard"]
+        assert labels[0]["text"] in ("Yes", "1") and labels[-1]["text"] == "No"
+        await h.deliver(h.u.text(english, labels[0]["text"]))
         answer = h.fake.calls_to("sendMessage", chat_id=english)[-1]
         assert answer.params["_shown"].startswith(dispatcher.kb.topics["nutri.water"].render("en")[:20])
         assert "keyboard" not in answer.params["reply_markup"]

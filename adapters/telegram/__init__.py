@@ -84,10 +84,11 @@ Commands:
 Feedback: an answer (intent ``answer`` with a topic) carries 👍 / 👎 buttons when the adapter
 has a :class:`bot.feedback.FeedbackBook`; a press by the user who asked records their vote
 (the first one counts), is answered "谢谢反馈！" / "Thanks for the feedback!" and removes the
-buttons (:mod:`~adapters.telegram.feedback`). A reply that offers a topic ("您是想了解「…」吗？",
+buttons (:mod:`~adapters.telegram.feedback`). A reply that offers topics ("您是想了解「…」吗？",
 ``Reply.suggested``, :mod:`bot.suggestion`) takes none: in a private chat it carries a one-time reply
-keyboard "是" / "不是" ("Yes" / "No" in English) instead, whose tap sends that text as an ordinary
-message, the dispatcher's yes / no to the offer (in a group such a message would not be addressed to the bot).
+keyboard instead, "是" / "不是" ("Yes" / "No" in English) for one topic, "1" "2" "3" / "不是" for a
+list, whose tap sends that text as an ordinary message, the dispatcher's answer to the offer (in a group
+such a message would not be addressed to the bot).
 
 Sending (:class:`TelegramSender`): ``parse_mode=HTML`` with the whole text
 HTML-escaped — never MarkdownV2, whose 18 reserved characters fail on any one

@@ -97,14 +97,15 @@ class TelegramCommands:
 
     async def _buttons(self, inbound: Inbound, reply: Reply, message: Message
                        ) -> InlineKeyboardMarkup | ReplyKeyboardMarkup | None:
-        """The keyboard under ``reply``: an offer's yes / no (:data:`OFFER_BUTTONS`; a tap sends the label) in a
-        private chat — in a group a tap is neither a mention nor a reply, so the bot would not hear it; an
-        answer's 👍 / 👎; else none."""
-        if reply.suggested is not None:
+        """The keyboard under ``reply``: an offer's yes / no, or its numbers and no, for a list (:data:`OFFER_BUTTONS`;
+        a tap sends the label) in a private chat — in a group a tap is neither a mention nor a reply, so the bot
+        would not hear it; an answer's 👍 / 👎; else none."""
+        if reply.suggested:
             if message.chat.type in tc.GROUP_CHAT_TYPES:
                 return None
-            labels = OFFER_BUTTONS["en" if reply.lang == "en" else "zh"]
-            return ReplyKeyboardMarkup([labels], one_time_keyboard=True, resize_keyboard=True)
+            yes, no = OFFER_BUTTONS["en" if reply.lang == "en" else "zh"]
+            labels = [yes] if len(reply.suggested) == 1 else [str(i) for i in range(1, len(reply.suggested) + 1)]
+            return ReplyKeyboardMarkup([labels + [no]], one_time_keyboard=True, resize_keyboard=True)
         buttons = self.feedback_buttons
         return await buttons.keyboard(inbound, reply) if buttons is not None else None
 

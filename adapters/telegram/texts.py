@@ -53,9 +53,10 @@ COMMANDS: dict[str, list[tuple[str, str]]] = {
 """The command menu registered with setMyCommands at start-up (zh default, en for English clients)."""
 
 OFFER_BUTTONS: dict[str, list[str]] = {"zh": ["是", "不是"], "en": ["Yes", "No"]}
-"""The one-tap answers under a "did you mean …?" offer (bot/suggestion.py), by ``Reply.lang``: a tap
-sends the label as a message, which the dispatcher reads as a bare yes / no (bot/suggestion_rules.yaml;
-Latin text arrives lowercased). "是" / "不是" are written the same in Traditional script."""
+"""The yes and the no under a "did you mean …?" offer (bot/suggestion.py), by ``Reply.lang``; a list of
+topics gets its numbers ("1", "2", "3") before the no. A tap sends the label as a message, which the
+dispatcher reads as the answer to the offer (bot/suggestion_rules.yaml; Latin text arrives lowercased).
+"是" / "不是" are written the same in Traditional script."""
 
 LANG_BUTTON_PREFIX = "lang:"
 LANG_BUTTON_RE = re.compile(rf"{LANG_BUTTON_PREFIX}(zh|en)")
