@@ -55,7 +55,7 @@ EXPECTED_FAMILIES = {
     "healthbot_engine_circuit_state", "healthbot_wechat_token_refreshes", "healthbot_wechat_api_errors",
     "healthbot_telegram_retry_after", "healthbot_embedding_cache_hits", "healthbot_embedding_cache_misses",
     "healthbot_embedding_cache_entries", "healthbot_model_info", "healthbot_model_reloads",
-    "healthbot_server_process_restarts", "healthbot_feedback",
+    "healthbot_server_process_restarts", "healthbot_feedback", "healthbot_offers",
 }
 
 Samples = dict[tuple[str, frozenset], float]

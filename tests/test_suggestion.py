@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 
+from bot import metrics
 from bot.suggestion import DECLINED, answer_to_offer
 from bot.types import Inbound, Intent, MessageKind
 from tests.conftest import requires_model
@@ -62,6 +63,8 @@ def offers_every_topic(dispatcher, monkeypatch):
 @requires_model
 async def test_offer_then_yes_sends_the_offered_topic(offers_every_topic):
     d, user = offers_every_topic, f"sg-user-{next(_ids)}"
+    count = {e: metrics.REGISTRY.get_sample_value("healthbot_offers_total", {"event": e}) or 0.0
+             for e in ("offered", "chosen")}
     offer = await d.handle(_msg(user, "失眠怎么调理"))
     assert offer.intent is Intent.NO_ANSWER and offer.topic is None
     assert offer.suggested[0] == "sleep.insomnia" and 1 <= len(offer.suggested) <= 3
@@ -76,6 +79,8 @@ async def test_offer_then_yes_sends_the_offered_topic(offers_every_topic):
     assert yes.text.startswith(d.kb.topics["sleep.insomnia"].render("zh")[:20])
     again = await d.handle(_msg(user, "是"))  # the offer was used: a second yes is not another answer of it
     assert again.topic != "sleep.insomnia"
+    for event in ("offered", "chosen"):  # healthbot_offers_total{event}
+        assert metrics.REGISTRY.get_sample_value("healthbot_offers_total", {"event": event}) == count[event] + 1
 
 
 @pytest.mark.model
