@@ -165,12 +165,10 @@ class Dispatcher:
             outcome = metrics.request_outcome(reply.intent.value, extra)
             metrics.observe_request(inbound.channel, outcome, latency_s)
             metrics.record_safety(reply.intent.value, extra)
-            if inbound.kind is MessageKind.TEXT and inbound.text:
-                await self._without_store("transcript", self.handoff.record_turn(
-                    inbound.channel, inbound.user_id, "user", inbound.text), None)
-                if reply.text:
-                    await self._without_store("transcript", self.handoff.record_turn(
-                        inbound.channel, inbound.user_id, "bot", reply.text), None)
+            if inbound.kind is MessageKind.TEXT and inbound.text:  # both turns in one read and one write
+                turns = [("user", inbound.text)] + ([("bot", reply.text)] if reply.text else [])
+                await self._without_store("transcript", self.handoff.record_turns(
+                    inbound.channel, inbound.user_id, *turns), None)
             log.info("reply", channel=inbound.channel, user=pseudonym(inbound.user_id), message_id=inbound.message_id,
                      intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
                      engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2),

@@ -136,16 +136,17 @@ class HandoffManager:
         if notify_user is not None:
             self._notifiers[channel] = notify_user
 
-    async def record_turn(self, channel: str, user_id: str, who: str, text: str) -> None:
-        """Remember one turn ("user" or "bot") for a later handoff transcript (masked).
+    async def record_turns(self, channel: str, user_id: str, *turns: tuple[str, str]) -> None:
+        """Remember ``turns``, each ``(who, text)`` with who ``"user"`` or ``"bot"``, for a later
+        handoff transcript (masked), in one read and one write of the store.
 
         Raises:
-            StoreError: the store failed (the turn is not kept).
+            StoreError: the store failed (the turns are not kept).
         """
         key = f"turns:{channel}:{user_id}"
-        turns = json.loads(await self.store.get(key) or "[]")
-        turns = (turns + [f"{who}: {mask_pii(text)}"])[-TRANSCRIPT_TURNS:]
-        await self.store.set(key, json.dumps(turns, ensure_ascii=False), ttl_s=self.idle_timeout_s)
+        kept = json.loads(await self.store.get(key) or "[]")
+        kept = (kept + [f"{who}: {mask_pii(text)}" for who, text in turns])[-TRANSCRIPT_TURNS:]
+        await self.store.set(key, json.dumps(kept, ensure_ascii=False), ttl_s=self.idle_timeout_s)
 
     async def save(self, s: HandoffSession) -> None:
         """Write ``s`` back (after a relay or adapter changed it)."""
