@@ -34,8 +34,9 @@ from bot.dedup import ExactlyOnce, OnceCache, message_key
 from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, follows_topic, more_reply,
                             plan_follow_up)
 from bot.handoff import HandoffManager
-from bot.intents import (BUSY_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY, greeting_reply, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, abuse_reply, care_team_reply,
-                         drop_handoff_offer, intent_reply, is_abuse, is_end_handoff, rule_intent, unsupported_reply)
+from bot.intents import (BUSY_REPLY, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY,
+                         abuse_reply, care_team_reply, drop_handoff_offer, greeting_reply, intent_reply, is_abuse,
+                         is_end_handoff, rule_intent, unsupported_reply)
 from bot.knowledge import KnowledgeBase, Topic
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
