@@ -21,18 +21,19 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
    out_of_scope >= ``out_of_scope``;
 7. a care-team rule -> no_answer with its own text;
 8. the head's refer_doctor >= ``refer`` -> refer_doctor (a clinician or pharmacist);
-9. an answer only when the head's answer >= ``answer``, retrieval found no nearer
+9. a question that names a medicine (not a supplement) -> refer_doctor (a doctor or
+   pharmacist), whatever the head says of it;
+   then an answer only when the head's answer >= ``answer``, retrieval found no nearer
    non-answer example, retrieval's confidence >= ``knowledge.min_confidence``, the
    topic covers every population or named disease the question names (bot/topic_scope.py),
    and the topic-fit verifier's probability that the topic answers the question
-   (bot/topic_fit.py) >= ``topic_fit``; a question that would be answered but names a
-   medicine (not a supplement) is referred to a doctor or pharmacist instead;
+   (bot/topic_fit.py) >= ``topic_fit``;
 10. else no_answer (honest: cannot answer reliably, see a doctor).
 
 A no_answer offers the best topic instead ("您是想了解「…」吗？", bot/suggestion.py) when only
 one of the two learned judges doubts it: the verifier, at ``suggest`` <= P(fit) < ``topic_fit``
 (step 9), or the head, at p(answer) < ``answer`` with P(fit) >= ``topic_fit`` and nothing else
-against the topic (no medicine, no scope gap, retrieval confident).
+against the topic (no scope gap, retrieval confident).
 
 The thresholds were chosen on the project's own files (evals/safety.jsonl, the dev
 set), never on a blind batch; `healthbot eval FILE` shows their effect (risk-coverage).
@@ -139,12 +140,11 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         return out(Intent.NO_ANSWER, "rule")
     if probs["refer_doctor"] >= cfg.refer:
         return out(Intent.REFER_DOCTOR, "head")
-    topic_stands = (not names_medicine and scope_gap is None and off_topic is None
-                    and retrieval_confidence >= min_confidence)
-    if probs["answer"] < cfg.answer:
-        return out(Intent.NO_ANSWER, "head", fit=topic_fit, offer=topic_stands and topic_fit >= cfg.topic_fit)
     if names_medicine:
         return out(Intent.REFER_DOCTOR, "medicine")
+    topic_stands = scope_gap is None and off_topic is None and retrieval_confidence >= min_confidence
+    if probs["answer"] < cfg.answer:
+        return out(Intent.NO_ANSWER, "head", fit=topic_fit, offer=topic_stands and topic_fit >= cfg.topic_fit)
     if scope_gap is not None:
         return out(Intent.NO_ANSWER, "topic_scope")
     if off_topic is not None or retrieval_confidence < min_confidence:

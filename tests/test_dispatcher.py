@@ -114,8 +114,12 @@ async def test_eating_with_kidney_disease_or_parkinsons_goes_to_the_care_team_no
                                       ("补肾吃什么好", ("tcm.tonic_safety", "living.food_myths")),
                                       ("腰酸是不是肾不好", "body.lower_back")])
 async def test_diet_questions_without_such_a_condition_keep_their_topic(dispatcher, q, topic):
+    """The topic is answered, or offered first when the head doubts it ("腰酸是不是肾不好" reads
+    half as a diagnosis question): never declined for naming "肾" as if it were kidney disease."""
     reply = await dispatcher.handle(text(q))
-    assert reply.intent is Intent.ANSWER and reply.topic in (topic if isinstance(topic, tuple) else (topic,))
+    topics = topic if isinstance(topic, tuple) else (topic,)
+    assert (reply.intent is Intent.ANSWER and reply.topic in topics
+            or reply.intent is Intent.NO_ANSWER and reply.suggested[:1] and reply.suggested[0] in topics), reply
 
 
 async def test_retried_message_is_computed_once(dispatcher, monkeypatch):
