@@ -143,8 +143,9 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
     if names_medicine:
         return out(Intent.REFER_DOCTOR, "medicine")
     topic_stands = scope_gap is None and off_topic is None and retrieval_confidence >= min_confidence
-    if probs["answer"] < cfg.answer:
-        return out(Intent.NO_ANSWER, "head", fit=topic_fit, offer=topic_stands and topic_fit >= cfg.topic_fit)
+    if probs["answer"] < cfg.answer:  # P(fit) is reported only with an offer: no topic is in play otherwise
+        offer = topic_stands and topic_fit >= cfg.topic_fit
+        return out(Intent.NO_ANSWER, "head", fit=topic_fit if offer else 0.0, offer=offer)
     if scope_gap is not None:
         return out(Intent.NO_ANSWER, "topic_scope")
     if off_topic is not None or retrieval_confidence < min_confidence:

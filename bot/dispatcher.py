@@ -240,7 +240,7 @@ class Dispatcher:
             session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
                                                 Session())
             offered = [self.kb.topics[t] for t in session.suggested if t in self.kb.topics]
-            if offered and len(session.offer_form) == 3:  # the reply follows the offer's language and script
+            if len(session.offer_form) == 3:  # the reply follows the last offer's language and script
                 lang, script, variant = session.offer_form
                 norm = dataclasses.replace(norm, script=script, variant=variant)
             if 0 <= choice < len(offered):

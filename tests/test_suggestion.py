@@ -93,6 +93,8 @@ async def test_offer_then_no_asks_for_the_question_again_and_drops_the_offer(off
     assert "换个说法" in no.text
     late_yes = await d.handle(_msg(user, "是"))
     assert late_yes.topic != "sleep.insomnia"
+    digit = await d.handle(_msg(user, "2"))  # nothing offered now; a digit says no language: the offer's
+    assert digit.topic is None and digit.lang == "zh"
 
 
 @pytest.mark.model
