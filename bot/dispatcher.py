@@ -166,6 +166,7 @@ class Dispatcher:
             outcome = metrics.request_outcome(reply.intent.value, extra)
             metrics.observe_request(inbound.channel, outcome, latency_s)
             metrics.record_safety(reply.intent.value, extra)
+            metrics.record_offer(extra)
             if inbound.kind is MessageKind.TEXT and inbound.text:  # both turns in one read and one write
                 turns = [("user", inbound.text)] + ([("bot", reply.text)] if reply.text else [])
                 await self._without_store("transcript", self.handoff.record_turns(

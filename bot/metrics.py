@@ -18,7 +18,7 @@ metric                                              recorded in
 ``healthbot_requests_in_flight``                    ``Dispatcher._timed`` (entry / exit)
 ``healthbot_dedup_hits_total{channel}``             ``Dispatcher.handle``: a retry answered from the dedup cache
 ``healthbot_safety_outcomes_total{outcome,rule}``   ``Dispatcher._timed``, from the decision's ``extra`` dict
-``healthbot_offers_total{event}``                   ``Dispatcher._timed``: "did you mean …?" offered, chosen, declined
+``healthbot_offers_total{event}``                   ``Dispatcher._timed`` (``record_offer``): "did you mean …?" offered, chosen, declined
 ``healthbot_inference_queue_seconds``               ``DynamicBatcher._run``: enqueue → batch start, per window
 ``healthbot_inference_batch_size``                  ``DynamicBatcher._run``: windows per batch
 ``healthbot_inference_batch_tokens``                ``DynamicBatcher._run``: padded tokens (longest × size)
@@ -207,16 +207,21 @@ def record_safety(intent: str, extra: Mapping[str, Any]) -> None:
     ``emergency`` replies carry ``kind`` (emergency | crisis) and ``rule`` (safety.triage);
     ``refer_doctor`` replies carry ``rule`` (the safety.scope reason); answers replaced by
     safety.review carry ``review_blocked`` (a list of ``reason:rule``). Anything else
-    records nothing. "Did you mean …?" offers (``suggested``) and the answers to them
-    (``decided_by`` ``suggestion``) count in ``healthbot_offers_total``.
+    records nothing.
     """
-    if extra.get("suggested"):
-        OFFERS.labels(event="offered").inc()
-    elif extra.get("decided_by") == "suggestion":
-        OFFERS.labels(event="declined" if extra.get("offer") == "declined" else "chosen").inc()
     if intent == "emergency" and extra.get("rule"):
         SAFETY_OUTCOMES.labels(outcome=str(extra.get("kind") or "emergency"), rule=str(extra["rule"])).inc()
     elif intent == "refer_doctor" and extra.get("rule"):
         SAFETY_OUTCOMES.labels(outcome="refer_doctor", rule=str(extra["rule"])).inc()
     for reason in extra.get("review_blocked") or ():
         SAFETY_OUTCOMES.labels(outcome="review_blocked", rule=str(reason)).inc()
+
+
+def record_offer(extra: Mapping[str, Any]) -> None:
+    """Count a "did you mean …?" event in ``extra`` (the dispatcher's details): a reply that offers
+    topics (``suggested``), or an answer to an offer (``decided_by`` ``suggestion``: chosen, or
+    ``offer`` ``declined``). Anything else records nothing."""
+    if extra.get("suggested"):
+        OFFERS.labels(event="offered").inc()
+    elif extra.get("decided_by") == "suggestion":
+        OFFERS.labels(event="declined" if extra.get("offer") == "declined" else "chosen").inc()
