@@ -359,6 +359,68 @@ async def test_sqlite_purge_removes_expired_rows_and_full_buckets(tmp_path):
         await store.close()
 
 
+async def test_sqlite_a_write_waits_off_the_event_loop_while_another_process_holds_the_lock(tmp_path):
+    """The loop's connection fails at once on SQLITE_BUSY; the write is redone on the executor's
+    connection, which waits for the lock while the event loop keeps running."""
+    db = tmp_path / "locked.db"
+    store = await SqliteStore.open(f"sqlite:///{db}", busy_timeout_s=5.0)
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another process's write lock
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, holder.execute, "COMMIT")
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        started = time.monotonic()
+        assert await store.set_if_absent("claim", "mine") is True
+        waited = time.monotonic() - started
+        task.cancel()
+        assert 0.25 <= waited < 2.0
+        assert ticks >= 15  # the loop was not blocked while the write waited
+        assert await store.get("claim") == "mine"
+    finally:
+        holder.close()
+        await store.close()
+
+
+async def test_sqlite_a_lock_held_past_the_busy_timeout_is_a_store_error(tmp_path):
+    db = tmp_path / "stuck.db"
+    store = await SqliteStore.open(f"sqlite:///{db}", busy_timeout_s=0.2)
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreError, match="still locked after 0.2 s"):
+            await store.set("k", "v")
+        holder.execute("ROLLBACK")
+        await store.set("k", "v")  # and works again once the lock is gone
+        assert await store.get("k") == "v"
+    finally:
+        holder.close()
+        await store.close()
+
+
+async def test_sqlite_commits_on_the_event_loop_never_checkpoint_the_executor_does(tmp_path):
+    from bot.store.sqlite import CHECKPOINT_EVERY
+    db = tmp_path / "ckpt.db"
+    store = await SqliteStore.open(f"sqlite:///{db}")
+    try:
+        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        empty = db.stat().st_size
+        for i in range(CHECKPOINT_EVERY + 1):
+            await store.set(f"k{i}", "x" * 200)
+        await asyncio.get_running_loop().run_in_executor(store._executor, lambda: None)  # the checkpoint ran
+        assert db.stat().st_size > empty + 100 * 200  # the rows reached the database file
+    finally:
+        await store.close()
+
+
 def test_sqlite_url_forms():
     assert sqlite_path("sqlite:///relative/x.db") == "relative/x.db"
     assert sqlite_path("sqlite:////abs/x.db") == "/abs/x.db"

@@ -261,20 +261,23 @@ async def test_sqlite_write_errors_double_make_readyz_503_then_200(tmp_path, mon
     """Stand-in for a full disk / read-only file where neither can be made for real (no root)."""
     store = await open_store(f"sqlite:///{tmp_path}/healthbot.db")
     try:
-        conn = store._conn
-        real = conn.execute
+        real = store._conn
 
-        def execute(sql, *args, **kwargs):
-            if sql.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
-                raise sqlite3.OperationalError(message)
-            return real(sql, *args, **kwargs)
+        class Failing:  # the store's event-loop connection, failing every write statement
+            def execute(self, sql, *args):
+                if sql.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+                    raise sqlite3.OperationalError(message)
+                return real.execute(sql, *args)
 
-        monkeypatch.setattr(conn, "execute", execute)
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        store._conn = Failing()
         with pytest.raises(StoreError, match=message):
             await store.set("k", "v")
         assert await store.health() == "unwritable"
         assert (await readiness(_loaded(store), ServerState()))[1]["store"] == "unwritable"
-        monkeypatch.setattr(conn, "execute", real)
+        store._conn = real
         assert await store.health() == "ok"
         assert (await readiness(_loaded(store), ServerState()))[0] == 200
     finally:

@@ -1,4 +1,4 @@
-"""The SQLite connection under :class:`~bot.store.sqlite.SqliteStore`: its URL, opening the file,
+"""The SQLite connections under :class:`~bot.store.sqlite.SqliteStore`: its URL, opening the file,
 the pragmas that keep it safe to share and free of memory maps, the schema, the error messages
 a user can act on, and abandoning a connection that cannot be closed safely.
 
@@ -15,14 +15,9 @@ import ctypes
 import sqlite3
 from pathlib import Path
 
-import aiosqlite
-import structlog
-
 from bot.store.base import StoreError
 
-log = structlog.get_logger("healthbot.store")
-
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "abandon", "configure", "connect", "describe_error", "sqlite_path"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "abandon", "connect", "describe_error", "is_busy", "sqlite_path"]
 
 #: Bumped when the tables change; a file from a newer healthbot is refused.
 SCHEMA_VERSION = 1
@@ -60,14 +55,26 @@ def sqlite_path(url: str) -> str:
     return rest[1:]
 
 
-async def connect(path: str, busy_timeout_s: float) -> aiosqlite.Connection:
-    """An autocommit connection to ``path`` (its parent folders created), or to a private
-    in-memory database for ``":memory:"``.
+def connect(path: str, busy_timeout_s: float, *, autocheckpoint: bool = True) -> sqlite3.Connection:
+    """An autocommit connection to ``path`` (its parent folders created) with the pragmas of the
+    module docstring, or to a private in-memory database for ``":memory:"``.
+
+    Args:
+        path: the database file, or ``":memory:"``.
+        busy_timeout_s: how long (seconds) a write waits for another process's write lock; 0 makes
+            a locked database fail at once with ``SQLITE_BUSY`` (see :func:`is_busy`).
+        autocheckpoint: False turns off checkpoints at commit (``PRAGMA wal_autocheckpoint = 0``),
+            for a connection whose caller checkpoints elsewhere.
+
+    The connection may be used from any thread (``check_same_thread=False``), one at a time.
 
     Raises:
-        StoreError: the folder cannot be created or the file cannot be opened.
+        StoreError: the folder cannot be created, the file cannot be opened, or WAL journal mode
+            is refused (e.g. a network filesystem).
+        sqlite3.Error: any other SQLite error (the caller describes it with :func:`describe_error`).
     """
-    if path != ":memory:":
+    memory = path == ":memory:"
+    if not memory:
         parent = Path(path).absolute().parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -78,30 +85,32 @@ async def connect(path: str, busy_timeout_s: float) -> aiosqlite.Connection:
                 "(or set HEALTHBOT_DATA_DIR)"
             ) from e
     try:
-        return await aiosqlite.connect(path, timeout=busy_timeout_s, isolation_level=None)
+        conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as e:
         raise StoreError(
             f"cannot open the SQLite store {Path(path).absolute()}: {e}: "
             "point HEALTHBOT_STORE_URL=sqlite:////absolute/path.db at a writable file"
         ) from e
+    try:
+        conn.execute("PRAGMA mmap_size = 0")
+        (mode,), = conn.execute("PRAGMA journal_mode = WAL").fetchall()
+        if not memory and str(mode).lower() != "wal":
+            raise StoreError(
+                f"SQLite store {path}: WAL journal mode refused (got {mode!r}); keep the file "
+                f"on a local disk, not a network filesystem; {USE_REDIS}"
+            )
+        conn.execute("PRAGMA synchronous = NORMAL")
+        if not autocheckpoint:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
-async def configure(conn: aiosqlite.Connection, path: str, busy_timeout_s: float, memory: bool) -> None:
-    """Set the pragmas of the module docstring on ``conn``.
-
-    Raises:
-        StoreError: WAL journal mode refused (e.g. a network filesystem).
-        sqlite3.Error: any other SQLite error (the caller describes it with :func:`describe_error`).
-    """
-    await conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-    await conn.execute("PRAGMA mmap_size = 0")
-    (mode,), = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
-    if not memory and str(mode).lower() != "wal":
-        raise StoreError(
-            f"SQLite store {path}: WAL journal mode refused (got {mode!r}); keep the file "
-            f"on a local disk, not a network filesystem; {USE_REDIS}"
-        )
-    await conn.execute("PRAGMA synchronous = NORMAL")
+def is_busy(e: BaseException) -> bool:
+    """True for ``SQLITE_BUSY`` (any extended code): another connection holds the lock wanted."""
+    return isinstance(e, sqlite3.OperationalError) and (getattr(e, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
 
 
 def describe_error(e: BaseException, path: str, busy_timeout_s: float) -> StoreError:
@@ -124,20 +133,8 @@ def describe_error(e: BaseException, path: str, busy_timeout_s: float) -> StoreE
 ABANDONED: list = []
 
 
-def abandon(conn: aiosqlite.Connection) -> None:
-    """Stop ``conn``'s worker thread without closing its SQLite connection, which is kept
-    alive for the life of the process (closing or finalizing it checkpoints through the
-    ``-shm`` mapping). Relies on aiosqlite's internals; if they changed, the thread is
-    left running (logged), which is still better than a crash."""
-    try:
-        from aiosqlite.core import _STOP_RUNNING_SENTINEL
-
-        raw = conn._connection  # noqa: SLF001
-        if raw is not None:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(raw))  # never finalized, never closed
-        ABANDONED.append(raw)
-        conn._connection = None  # noqa: SLF001
-        conn._running = False  # noqa: SLF001
-        conn._tx.put_nowait((None, lambda: _STOP_RUNNING_SENTINEL))  # noqa: SLF001
-    except Exception:  # noqa: BLE001
-        log.exception("store.abandon_failed")
+def abandon(conn: sqlite3.Connection) -> None:
+    """Keep ``conn`` open, unused and never finalized for the life of the process: closing or
+    finalizing it checkpoints through the ``-shm`` mapping, which would end the process with SIGBUS."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))
+    ABANDONED.append(conn)
