@@ -37,7 +37,7 @@ import structlog
 
 from bot.store import MemoryStore, Store, StoreError
 from bot.store.health import store_unavailable
-from safety.pii import mask_pii, pseudonym
+from safety.pii import mask_bot_text, mask_pii, pseudonym
 
 log = structlog.get_logger("healthbot.handoff")
 
@@ -145,7 +145,8 @@ class HandoffManager:
         """
         key = f"turns:{channel}:{user_id}"
         kept = json.loads(await self.store.get(key) or "[]")
-        kept = (kept + [f"{who}: {mask_pii(text)}" for who, text in turns])[-TRANSCRIPT_TURNS:]
+        kept = (kept + [f"{who}: {mask_bot_text(text) if who == 'bot' else mask_pii(text)}"
+                        for who, text in turns])[-TRANSCRIPT_TURNS:]
         await self.store.set(key, json.dumps(kept, ensure_ascii=False), ttl_s=self.idle_timeout_s)
 
     async def save(self, s: HandoffSession) -> None:

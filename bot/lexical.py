@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jieba
+import numpy as np
 
 from bot.knowledge import LANGS, KnowledgeBase
 
@@ -86,6 +87,16 @@ class BM25:
             df.update(tf.keys())
         n = len(documents)
         self.idf = {t: math.log(1.0 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
+        # Postings: term -> (documents holding it, ascending; each one's BM25 term weight), so a
+        # query costs its postings' length in numpy, not terms × documents in Python.
+        rows: dict[str, tuple[list[int], list[float]]] = {}
+        for i, tf in enumerate(self.doc_tf):
+            norm = k1 * (1 - b + b * self.doc_len[i] / self.avg_len) if self.avg_len else k1
+            for term, f in tf.items():
+                docs, weights = rows.setdefault(term, ([], []))
+                docs.append(i)
+                weights.append(self.idf[term] * f * (k1 + 1) / (f + norm))
+        self.postings = {t: (np.asarray(d, dtype=np.intp), np.asarray(w)) for t, (d, w) in rows.items()}
 
     def score_without(self, query_terms: list[str], doc: int, minus: Counter) -> float:
         """BM25 score of document ``doc`` with the term counts ``minus`` taken out of it
@@ -100,18 +111,13 @@ class BM25:
                 out += self.idf[term] * f * (self.k1 + 1) / (f + norm)
         return out
 
-    def scores(self, query_terms: list[str]) -> list[float]:
-        """BM25 score of every document for the query terms (0 where nothing matches)."""
-        out = [0.0] * len(self.doc_tf)
+    def scores(self, query_terms: list[str]) -> np.ndarray:
+        """BM25 score of every document for the query terms, float64[documents] (0 where nothing matches)."""
+        out = np.zeros(len(self.doc_tf))
         for term in set(query_terms):
-            idf = self.idf.get(term)
-            if idf is None:
-                continue
-            for i, tf in enumerate(self.doc_tf):
-                f = tf.get(term)
-                if f:
-                    norm = self.k1 * (1 - self.b + self.b * self.doc_len[i] / self.avg_len)
-                    out[i] += idf * f * (self.k1 + 1) / (f + norm)
+            posting = self.postings.get(term)
+            if posting is not None:
+                out[posting[0]] += posting[1]
         return out
 
 

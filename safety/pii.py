@@ -28,10 +28,11 @@ nothing here is reversible.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
-__all__ = ["mask_pii", "fold", "PII_PATTERNS"]
+__all__ = ["mask_pii", "mask_bot_text", "fold", "PII_PATTERNS"]
 
 #: Characters folded for matching, each to one ASCII character (same length, so spans align).
 _FOLD: dict[int, int] = {cp: cp - 0xFEE0 for cp in range(0xFF01, 0xFF5F)}  # full-width ASCII variants
@@ -99,6 +100,14 @@ def mask_pii(text: str) -> str:
         out = "".join(pieces) + out[at:]
         folded = fold(out)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def mask_bot_text(text: str) -> str:
+    """:func:`mask_pii` for the bot's own replies, remembered (the same knowledge-base answers
+    come back again and again; their digits and sources make every pattern run). Not for users'
+    texts: those are not kept in memory longer than their message needs."""
+    return mask_pii(text)
 
 
 def pseudonym(user_id: str) -> str:

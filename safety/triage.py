@@ -47,6 +47,7 @@ import yaml
 
 from safety.config import SafetyConfig
 from safety.normalize import normalize, to_user_script
+from safety.regex_screen import screen
 
 __all__ = ["TriageResult", "RedFlag", "RED_FLAGS", "load_red_flags", "triage", "match_red_flags", "emergency_reply",
            "crisis_reply", "HONG_KONG_EMERGENCY", "UK_HK_EMERGENCY_EN"]
@@ -176,6 +177,8 @@ _COMPILED: tuple[tuple[RedFlag, tuple[re.Pattern[str], ...], re.Pattern[str] | N
      re.compile(f.unless) if f.unless else None)
     for f in RED_FLAGS
 )
+# Per pattern, a relaxed pattern that must match the whole message for the pattern to match a clause.
+_SCREENS = tuple(tuple(screen(p) for p in patterns) for _flag, patterns, _nb, _unless in _COMPILED)
 
 # --------------------------------------------------------------------------------------
 # Context that cancels a match: negation, distant past, prevention framing
@@ -299,7 +302,9 @@ def match_red_flags(text: str) -> list[str]:
     view = normalize(text).text.translate(_CANTONESE)
     clauses = _clauses(view)
     hits = []
-    for flag, patterns, not_before, unless in _COMPILED:
+    for (flag, patterns, not_before, unless), screens in zip(_COMPILED, _SCREENS):
+        if any(s is not None and s.search(view) is None for s in screens):
+            continue  # some pattern matches no clause (safety/regex_screen.py)
         if unless is not None and unless.search(view):
             continue
         # Suicidal thoughts are never "chronic"; a baby's age in months is not a duration.
