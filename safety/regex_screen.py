@@ -48,11 +48,23 @@ def _group_end(pattern: str, start: int) -> int:
     raise ValueError(f"unbalanced group at {start} in {pattern!r}")
 
 
+def _unquantified(pattern: str, end: int) -> int:
+    """``end``, after checking that no quantifier follows the assertion that ends there.
+
+    Raises:
+        ValueError: a quantified assertion: removing it would hand the quantifier to the atom
+            before it ("a(?=b){2}" is not relaxed by "a{2}").
+    """
+    if pattern[end:end + 1] in ("*", "+", "?", "{"):
+        raise ValueError(f"a quantified assertion at {end} in {pattern!r}")
+    return end
+
+
 def relax(pattern: str) -> str:
     """``pattern`` without its zero-width assertions (the module docstring); matches a superset.
 
     Raises:
-        ValueError: unbalanced parentheses.
+        ValueError: unbalanced parentheses, or a quantified assertion.
     """
     out, i, in_class = [], 0, False
     while i < len(pattern):
@@ -61,7 +73,9 @@ def relax(pattern: str) -> str:
             pair = pattern[i:i + 2]
             if in_class or pair not in _ESCAPED_ASSERTIONS:
                 out.append(pair)
-            i += 2
+                i += 2
+            else:
+                i = _unquantified(pattern, i + 2)
             continue
         if in_class:
             out.append(c)
@@ -75,10 +89,12 @@ def relax(pattern: str) -> str:
             in_class, i = True, j
             continue
         if c == "(" and pattern.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
-            i = _group_end(pattern, i)
+            i = _unquantified(pattern, _group_end(pattern, i))
             continue
-        if c not in "^$":
-            out.append(c)
+        if c in "^$":
+            i = _unquantified(pattern, i + 1)
+            continue
+        out.append(c)
         i += 1
     return "".join(out)
 
