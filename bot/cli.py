@@ -22,7 +22,7 @@
                                                create the official account's menu (/cgi-bin/menu/create)
     healthbot loadtest [--url http://127.0.0.1:PORT] [--users 200] [--seconds 60]
                        [--channel wechat|telegram] [--plot FILE.png] [--markdown FILE.md] [--json]
-                       [--rate R [--arrivals poisson|constant] [--ramp] [--p99-ms 200]]
+                       [--rate R [--arrivals poisson|constant] [--ramp] [--p99-ms 200] [--generators N]]
                        [--server-pid PID | --start-server]
                                                drive the running server's webhook (loopback only);
                                                closed loop, or open loop at R messages/s
@@ -338,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ramp-max", type=float, help="highest rate the ramp tries (default 20 x --rate)")
     s.add_argument("--p99-ms", type=float, default=200.0, help="the ramp's p99 bound, ms")
     s.add_argument("--server-pid", type=int, help="the server's process id: its CPU per message (and its children's)")
+    s.add_argument("--generators", type=int, default=1, help="open loop: processes sending it, each at --rate / N "
+                   "(one process offers a few hundred messages/s at most)")
     s.add_argument("--start-server", action="store_true", help="run healthbot serve on a free loopback port for "
                    "the test (same config), measure its CPU, stop it after")
     s = sub.add_parser("report", help="reports for the team: what users ask that the bot cannot answer (unanswered), "

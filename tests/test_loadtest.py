@@ -370,3 +370,23 @@ def test_cli_open_loop_with_json_and_markdown(capsys, monkeypatch, cli_main, tmp
     finally:
         stop.get_loop().call_soon_threadsafe(stop.set_result, None)
         thread.join(10)
+
+
+async def test_generators_send_the_whole_rate_from_several_processes_and_merge_their_samples(server):
+    from bot.loadtest.generators import run_generators
+    dispatcher = CountingDispatcher(delay_s=0.002)
+    url = await server(dispatcher)
+    result = await run_generators(OpenLoopConfig(url=url, rate=60, seconds=1.0, arrivals="constant", token=TOKEN,
+                                                 server_pid=os.getpid()), 3)
+    s = result.summary()
+    assert s["requests"] == s["sent"] == 60 and s["errors"] == 0 and s["outcomes"] == {"text": 60}, s
+    assert len(set(dispatcher.seen)) == 60  # every (OpenID, MsgId) once: no generator repeats another's
+    assert len({user.rsplit("_", 2)[0] for user, _ in dispatcher.seen}) == 3  # three run ids, one a process
+    assert [x.at_s for x in result.samples] == sorted(x.at_s for x in result.samples)
+    assert s["cpu_source"].endswith("client: 3 generator processes") and s["client_cpu_ms_per_msg"] > 0
+
+
+async def test_generators_out_of_bounds_are_refused():
+    from bot.loadtest.generators import run_generators
+    with pytest.raises(ValueError, match="--generators must be in"):
+        await run_generators(OpenLoopConfig(url="http://127.0.0.1:1", token=TOKEN), 0)

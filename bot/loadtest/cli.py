@@ -71,16 +71,20 @@ async def _closed(cfg: Any, args: argparse.Namespace, url: str, token: str) -> i
 
 
 async def _open(cfg: Any, args: argparse.Namespace, url: str, token: str) -> int:
+    from bot.loadtest.generators import run_generators
     from bot.loadtest.open_report import format_open, format_open_markdown, format_ramp, write_ramp_plot
-    from bot.loadtest.openloop import OpenLoopConfig, run_open_loop, run_ramp
+    from bot.loadtest.openloop import OpenLoopConfig, run_ramp
     from bot.loadtest.report import write_plot
     run = OpenLoopConfig(url=url, rate=args.rate, seconds=args.seconds, arrivals=args.arrivals,
                          warmup_s=args.warmup, channel=args.channel, token=token, appid=cfg.wechat.appid,
                          aes_key=cfg.wechat.aes_key, mode=cfg.wechat.mode, telegram_secret=cfg.telegram.secret,
                          server_pid=args.server_pid)
+    def send(c: OpenLoopConfig, progress: Any = None) -> Any:
+        return run_generators(c, args.generators, progress)
+
     if args.ramp:
         ramp = await run_ramp(run, step=args.ramp_step or args.rate, max_rate=args.ramp_max or 20 * args.rate,
-                              p99_ms=args.p99_ms, progress=_say)
+                              p99_ms=args.p99_ms, progress=_say, run=send)
         if args.json:
             print(json.dumps({"p99_bound_ms": ramp.p99_ms, "best_rate": ramp.best_rate,
                               "steps": [r.summary() for r in ramp.steps]}, ensure_ascii=False))
@@ -91,7 +95,7 @@ async def _open(cfg: Any, args: argparse.Namespace, url: str, token: str) -> int
         if args.markdown:
             Path(args.markdown).write_text(format_ramp(ramp, markdown=True), encoding="utf-8")
         return 0 if ramp.best_rate is not None else 1
-    result = await run_open_loop(run, progress=_say)
+    result = await send(run, progress=_say)
     s = result.summary()
     print(json.dumps(s, ensure_ascii=False) if args.json else format_open(result))
     if args.plot:

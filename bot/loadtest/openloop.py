@@ -33,10 +33,11 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import aiohttp
 
@@ -83,6 +84,8 @@ class OpenLoopConfig:
     telegram_secret: str = ""
     seed: int = 1
     server_pid: int | None = None
+    #: Unix time (s) of the first scheduled send, for generators started apart (bot/loadtest/generators.py).
+    start_at: float | None = None
 
 
 @dataclass
@@ -160,7 +163,12 @@ def arrival_offsets(rate: float, seconds: float, arrivals: str, rng: random.Rand
         t += rng.expovariate(rate)
 
 
-def _validate(cfg: OpenLoopConfig) -> str:
+def validate_open(cfg: OpenLoopConfig) -> str:
+    """The server's base URL, once every bound of ``cfg`` is checked.
+
+    Raises:
+        ValueError: a bound is broken or a secret is missing.
+    """
     base = validate_run(cfg)
     if not 0 < cfg.rate <= MAX_RATE:
         raise ValueError(f"--rate must be in (0, {MAX_RATE:.0f}] messages/s, not {cfg.rate}")
@@ -178,7 +186,7 @@ async def run_open_loop(cfg: OpenLoopConfig, progress: Any = None) -> OpenLoopRe
         ValueError: a bound is broken or a secret is missing; RuntimeError: no server, not
             ready, or ``server_pid`` not a process.
     """
-    base = _validate(cfg)
+    base = validate_open(cfg)
     rng = random.Random(cfg.seed)
     run_id = uuid.uuid4().hex[:8]
     wechat = WechatRequests(cfg.token, cfg.appid, cfg.aes_key, cfg.mode) if cfg.channel == "wechat" else None
@@ -239,7 +247,7 @@ async def run_open_loop(cfg: OpenLoopConfig, progress: Any = None) -> OpenLoopRe
 
         tasks: set[asyncio.Task] = set()
         await meter.start()
-        start = loop.time() + 0.05
+        start = loop.time() + max(0.05, (cfg.start_at or 0.0) - time.time())
         reporter = loop.create_task(report())
         try:
             for seq, offset in enumerate(arrival_offsets(cfg.rate, cfg.seconds, cfg.arrivals, rng)):
@@ -272,10 +280,13 @@ class RampResult:
 
 async def run_ramp(cfg: OpenLoopConfig, *, step: float, max_rate: float, p99_ms: float = 200.0,
                    refine: int = 2, progress: Any = None, pause_s: float = RAMP_PAUSE_S,
-                   recover_s: float = RAMP_RECOVER_S) -> RampResult:
+                   recover_s: float = RAMP_RECOVER_S,
+                   run: Callable[[OpenLoopConfig], Awaitable[OpenLoopResult]] | None = None) -> RampResult:
     """Step the rate up from ``cfg.rate`` by ``step`` to at most ``max_rate`` (module doc), each step
     ``cfg.seconds`` long; returns every step and the highest rate whose p99 was within ``p99_ms``
-    with no error (None if even the lowest rate tried failed)."""
+    with no error (None if even the lowest rate tried failed). ``run``: how one step is sent
+    (default :func:`run_open_loop`; several processes: bot/loadtest/generators.py)."""
+    run = run or run_open_loop
     if step <= 0 or max_rate < cfg.rate:
         raise ValueError("--ramp needs --ramp-step > 0 and --ramp-max >= --rate")
     steps: list[OpenLoopResult] = []
@@ -285,7 +296,7 @@ async def run_ramp(cfg: OpenLoopConfig, *, step: float, max_rate: float, p99_ms:
     async def measure(rate: float) -> bool:
         if steps:
             await asyncio.sleep(pause_s if passes(steps[-1].summary(), p99_ms) else max(pause_s, recover_s))
-        r = await run_open_loop(replace(cfg, rate=rate, seed=cfg.seed + len(steps)))
+        r = await run(replace(cfg, rate=rate, seed=cfg.seed + len(steps)))
         steps.append(r)
         ok = passes(r.summary(), p99_ms)
         if progress is not None:
