@@ -159,12 +159,14 @@ class Recorder:
 
 
 def load_carried_bert(carry: Path):
-    """Full-size CPU FP32 BertModel: carried layers and rows, other rows random (seeded)."""
+    """Full-size CPU FP32 BertModel: carried layers and rows, other rows random (seeded). Matrices
+    carried as INT8 (``q:`` values, ``s:`` a scale per row: tools/e2e_bench.py) are dequantized."""
     from inference.engines.torch_cuda.weights import bert_from_state
 
     meta = json.loads((carry / "meta.json").read_text())
     z = np.load(carry / "weights.npz")
     state = {k[2:]: z[k].astype(np.float32) for k in z.files if k.startswith("w:")}
+    state.update({k[2:]: z[k].astype(np.float32) * z["s:" + k[2:]] for k in z.files if k.startswith("q:")})
     hidden = state["embeddings.position_embeddings.weight"].shape[1]
     rng = np.random.default_rng(0)
     word = (rng.standard_normal((meta["vocab_rows"], hidden), dtype=np.float32) * 0.05)
