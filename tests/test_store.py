@@ -359,9 +359,9 @@ async def test_sqlite_purge_removes_expired_rows_and_full_buckets(tmp_path):
         await store.close()
 
 
-async def test_sqlite_a_write_waits_off_the_event_loop_while_another_process_holds_the_lock(tmp_path):
-    """The loop's connection fails at once on SQLITE_BUSY; the write is redone on the executor's
-    connection, which waits for the lock while the event loop keeps running."""
+async def test_sqlite_a_write_waits_without_blocking_the_event_loop_while_another_process_holds_the_lock(tmp_path):
+    """The loop's connection fails at once on SQLITE_BUSY; the write is tried again after short
+    asynchronous sleeps, so the event loop keeps running while it waits for the lock."""
     db = tmp_path / "locked.db"
     store = await SqliteStore.open(f"sqlite:///{db}", busy_timeout_s=5.0)
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)

@@ -19,13 +19,15 @@ How it stays correct with several processes on one file:
   SQLITE_BUSY the way a deferred transaction upgrading to a write can.
 * Inside one process, a transaction runs whole, synchronously, on the event loop's thread
   (a few tens of microseconds: WAL with ``synchronous=NORMAL`` writes to the page cache and
-  does not fsync at commit), on a connection whose busy timeout is 0. When another process
-  holds the write lock that connection fails at once with ``SQLITE_BUSY``, and the same
-  transaction is run again on a second connection in a one-thread executor, which waits up
-  to ``busy_timeout_s``: the event loop never sleeps in SQLite's busy handler. Both
-  connections are used under one :class:`asyncio.Lock`, so transactions never interleave.
-  Checkpoints (which fsync) run on the executor too, every :data:`CHECKPOINT_EVERY` commits,
-  never at a commit on the event loop.
+  does not fsync at commit), on a connection whose busy timeout is 0, under one
+  :class:`asyncio.Lock`, so transactions never interleave. When another process holds the
+  write lock, the attempt fails at once with ``SQLITE_BUSY`` and is retried after an
+  ``asyncio.sleep`` of :data:`RETRY_FIRST_S`, doubling to :data:`RETRY_MAX_S` (with jitter),
+  until ``busy_timeout_s``: the event loop never sleeps in SQLite's busy handler, whose own
+  waits (1, 2, 5, 10 … 100 ms, sqlite3.c ``sqliteDefaultBusyCallback``) are a hundred times
+  longer than the transactions it waits for. Checkpoints (which fsync) run on a second
+  connection in a one-thread executor every :data:`CHECKPOINT_EVERY` commits, never at a
+  commit on the event loop.
 
   Measured (docs/loadtest.md, "The store on the event loop"): the earlier layout, every
   statement a hop to an aiosqlite thread, cost 4.7 of a message's 16.8 ms of server CPU.
@@ -48,6 +50,7 @@ absent.
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -61,7 +64,7 @@ from bot.store.health import OK, PROBE_KEY, UNREACHABLE, UNWRITABLE
 from bot.store.shm_guard import ShmGuard, enable_faulthandler
 from bot.store.sqlite_connection import SCHEMA, SCHEMA_VERSION, abandon, connect, describe_error, is_busy, sqlite_path
 
-__all__ = ["CHECKPOINT_EVERY", "SqliteStore", "sqlite_path"]
+__all__ = ["CHECKPOINT_EVERY", "RETRY_FIRST_S", "RETRY_MAX_S", "SqliteStore", "sqlite_path"]
 
 log = structlog.get_logger("healthbot.store")
 
@@ -69,6 +72,10 @@ T = TypeVar("T")
 #: A transaction's body: runs inside ``BEGIN IMMEDIATE`` … ``COMMIT`` with the connection and
 #: the transaction's clock (Unix time, seconds); synchronous, so it can run on either connection.
 Body = Callable[[sqlite3.Connection, float], T]
+
+#: First and longest wait (seconds) before trying again a transaction another process kept out.
+RETRY_FIRST_S = 0.0002
+RETRY_MAX_S = 0.005
 
 #: Commits between two passive WAL checkpoints on the executor (SQLite's own default is a
 #: checkpoint at every commit that leaves the WAL over 1,000 pages; a message writes a few pages).
@@ -103,10 +110,10 @@ class SqliteStore:
     ``busy_timeout_s``, disk full, not a database, closed store), never ``sqlite3.Error``.
     """
 
-    def __init__(self, conn: sqlite3.Connection, waiter: sqlite3.Connection, path: str, *,
+    def __init__(self, conn: sqlite3.Connection, checkpointer: sqlite3.Connection, path: str, *,
                  busy_timeout_s: float, purge_interval_s: float) -> None:
         self._conn: sqlite3.Connection | None = conn  # on the event loop, busy timeout 0
-        self._waiter = waiter  # on the executor, busy timeout busy_timeout_s (the same object for :memory:)
+        self._checkpointer = checkpointer  # on the executor (the same object for :memory:, never used)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
         self.path = path
         self.busy_timeout_s = busy_timeout_s
@@ -135,11 +142,11 @@ class SqliteStore:
         enable_faulthandler()  # a fatal signal inside SQLite's C code leaves a traceback, not silence
         full_path = path if memory else str(Path(path).absolute())
         try:
-            waiter = connect(path, busy_timeout_s)
-            conn = waiter if memory else connect(path, 0.0, autocheckpoint=False)
+            conn = connect(path, 0.0, autocheckpoint=memory)
+            checkpointer = conn if memory else connect(path, busy_timeout_s)
         except sqlite3.Error as e:
             raise describe_error(e, full_path, busy_timeout_s) from e
-        store = cls(conn, waiter, full_path, busy_timeout_s=busy_timeout_s, purge_interval_s=purge_interval_s)
+        store = cls(conn, checkpointer, full_path, busy_timeout_s=busy_timeout_s, purge_interval_s=purge_interval_s)
         try:
             await store._init_schema()
         except BaseException:
@@ -204,32 +211,29 @@ class SqliteStore:
         return result
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """``work`` on the event loop's connection; on ``SQLITE_BUSY`` (another process holds the
-        lock) again on the waiting connection in the executor. Under the lock; SQLite errors
-        become :class:`StoreError`."""
+        """``work`` on the event loop's connection, under the lock; while another process holds
+        the lock (``SQLITE_BUSY``), again after short, growing, jittered sleeps, for at most
+        ``busy_timeout_s``. SQLite errors become :class:`StoreError`."""
         async with self._lock:
-            conn = self._open_conn()
-            try:
+            delay, deadline = RETRY_FIRST_S, None
+            while True:
+                conn = self._open_conn()
                 try:
                     return work(conn)
-                except sqlite3.OperationalError as e:
-                    if not is_busy(e) or self._waiter is conn:
-                        raise
-                future = asyncio.get_running_loop().run_in_executor(self._executor, work, self._waiter)
-                try:
-                    return await asyncio.shield(future)
-                except asyncio.CancelledError:
-                    await asyncio.wait([future])  # the connection stays ours until the thread is done
-                    raise
-            except sqlite3.Error as e:
-                raise self._error(e) from e
-            finally:
-                self._used()
+                except sqlite3.Error as e:
+                    now = time.monotonic()
+                    deadline = deadline or now + self.busy_timeout_s
+                    if not is_busy(e) or now >= deadline:
+                        raise self._error(e) from e
+                finally:
+                    self._used()
+                await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - now, 0.0)))
+                delay = min(delay * 2.0, RETRY_MAX_S)
 
     async def _write(self, body: Body[T], purge: bool = True) -> T:
         result = await self._run(lambda conn: self._transaction(conn, body, purge))
         self._commits += 1
-        if self._commits % CHECKPOINT_EVERY == 0 and self._waiter is not self._conn:
+        if self._commits % CHECKPOINT_EVERY == 0 and self._checkpointer is not self._conn:
             self._executor.submit(self._checkpoint)
         return result
 
@@ -237,7 +241,7 @@ class SqliteStore:
         """A passive checkpoint (never waits for readers or writers) on the executor's connection."""
         try:
             if self._conn is not None and (self._guard is None or self._guard.check() is None):
-                self._waiter.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error as e:
             log.warning("store.checkpoint_failed", path=self.path, error=str(e))
 
@@ -411,7 +415,7 @@ class SqliteStore:
                 return
             await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
             problem = self._guard.check() if self._guard is not None else None
-            connections = {id(c): c for c in (conn, self._waiter)}.values()
+            connections = {id(c): c for c in (conn, self._checkpointer)}.values()
             if problem is None:
                 for c in connections:
                     c.close()
