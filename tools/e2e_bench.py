@@ -201,6 +201,7 @@ LAYOUTS = {
     # label: (environment, front-end processes)
     "gpu": ({}, 12),
     "gpu-nocache": ({"HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE": "0"}, 12),
+    "gpu-si": ({"HEALTHBOT_INFERENCE_SWITCH_INTERVAL_MS": "0.5"}, 12),
     "cpu": ({"HEALTHBOT_INFERENCE_ENGINE_ORDER": "onnxruntime"}, 12),
     "cpu-nocache": ({"HEALTHBOT_INFERENCE_ENGINE_ORDER": "onnxruntime", "HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE": "0"},
                     12),

@@ -232,10 +232,22 @@ class SqliteStore:
 
     async def _write(self, body: Body[T], purge: bool = True) -> T:
         result = await self._run(lambda conn: self._transaction(conn, body, purge))
+        self._committed()
+        return result
+
+    async def _statement(self, sql: str, params: tuple) -> int:
+        """One write statement in autocommit (SQLite holds the write lock only inside that one step,
+        never while Python runs between statements); the number of rows it changed."""
+        if time.time() >= self._next_purge_at:
+            await self.purge()
+        changed = await self._run(lambda conn: conn.execute(sql, params).rowcount)
+        self._committed()
+        return changed
+
+    def _committed(self) -> None:
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0 and self._checkpointer is not self._conn:
             self._executor.submit(self._checkpoint)
-        return result
 
     def _checkpoint(self) -> None:
         """A passive checkpoint (never waits for readers or writers) on the executor's connection."""
@@ -267,39 +279,30 @@ class SqliteStore:
         return rows[0][0] if rows else None
 
     async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
-        """Store ``value`` (replacing any string or list), expiring after ``ttl_s`` seconds."""
-        def body(conn: sqlite3.Connection, now: float) -> None:
-            conn.execute("DELETE FROM items WHERE key = ?", (key,))
-            conn.execute("INSERT OR REPLACE INTO kv (key, value, expires) VALUES (?, ?, ?)",
-                         (key, value, _expiry(ttl_s, now)))
+        """Store ``value`` (replacing any string or list), expiring after ``ttl_s`` seconds.
 
-        await self._write(body)
+        One statement: the items of a list it replaces are left without their key, invisible to
+        every read (they join on a list row) and removed by the next purge or push."""
+        await self._statement("INSERT OR REPLACE INTO kv (key, value, expires) VALUES (?, ?, ?)",
+                              (key, value, _expiry(ttl_s, time.time())))
 
     async def set_if_absent(self, key: str, value: str, ttl_s: float | None = None) -> bool:
-        """Claim ``key``: store only if absent or expired (one ``BEGIN IMMEDIATE`` transaction).
+        """Claim ``key``: store only if absent or expired (one conditional upsert statement).
 
         Returns True for exactly one of any number of concurrent callers, in any
         number of processes sharing the file.
         """
-        def body(conn: sqlite3.Connection, now: float) -> bool:
-            rows = conn.execute("SELECT value, expires FROM kv WHERE key = ?", (key,)).fetchall()
-            if rows and _live(rows[0][1], now):
-                return False
-            if rows and rows[0][0] is None:
-                conn.execute("DELETE FROM items WHERE key = ?", (key,))
-            conn.execute("INSERT OR REPLACE INTO kv (key, value, expires) VALUES (?, ?, ?)",
-                         (key, value, _expiry(ttl_s, now)))
-            return True
-
-        return await self._write(body)
+        now = time.time()
+        return await self._statement(
+            "INSERT INTO kv (key, value, expires) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE SET"
+            " value = excluded.value, expires = excluded.expires WHERE kv.expires IS NOT NULL AND kv.expires <= ?",
+            (key, value, _expiry(ttl_s, now), now)) == 1
 
     async def delete(self, key: str) -> None:
-        """Remove the string or list at ``key`` (no error if absent; buckets are kept)."""
-        def body(conn: sqlite3.Connection, _now: float) -> None:
-            conn.execute("DELETE FROM kv WHERE key = ?", (key,))
-            conn.execute("DELETE FROM items WHERE key = ?", (key,))
-
-        await self._write(body)
+        """Remove the string or list at ``key`` (no error if absent; buckets are kept). A key that
+        is not there costs a read, not a write; a list's items go as in :meth:`set`."""
+        if await self._read("SELECT 1 FROM kv WHERE key = ?", (key,)):
+            await self._statement("DELETE FROM kv WHERE key = ?", (key,))
 
     async def delete_if_equal(self, key: str, value: str) -> bool:
         """Remove ``key`` only if it holds ``value`` and has not expired; True if removed.
@@ -359,6 +362,9 @@ class SqliteStore:
         Read and delete happen in one ``BEGIN IMMEDIATE`` transaction, so an item
         pushed concurrently is returned by exactly one pop_all.
         """
+        if not await self._read("SELECT 1 FROM kv WHERE key = ?", (key,)):
+            return []  # nothing to take: a read, not a write (an item pushed now waits for the next pop)
+
         def body(conn: sqlite3.Connection, now: float) -> list[str]:
             rows = conn.execute("SELECT value, expires FROM kv WHERE key = ?", (key,)).fetchall()
             if not rows:
