@@ -208,8 +208,32 @@ LAYOUTS = {
 }
 
 
+def _profile(master: int, out: Path, label: str, seconds: float) -> list[subprocess.Popen]:
+    """``py-spy record`` (all threads, idle samples kept) of the two busiest front-end processes,
+    starting once the step is under way."""
+    import psutil
+    spy = shutil.which("py-spy") or next((str(p) for p in (REPO / ".e2e/site/bin/py-spy",
+                                                            Path(sys.executable).parent / "py-spy") if p.exists()), None)
+    if spy is None:
+        return []
+    time.sleep(START_S)
+    kids = [p for p in psutil.Process(master).children() if "engine_server" not in " ".join(p.cmdline())]
+    for p in kids:
+        p.cpu_percent(None)
+    time.sleep(1.0)
+    busiest = sorted(kids, key=lambda p: -p.cpu_percent(None))[:2]
+    return [subprocess.Popen([spy, "record", "--idle", "--threads", "-r", "100", "-f", "raw", "-d",
+                              str(max(int(seconds) - 3, 2)), "-o", str(out / f"pyspy-{label}-{i}.txt"), "-p",
+                              str(p.pid)], stdout=subprocess.DEVNULL, stderr=open(out / "pyspy.err", "a"))
+            for i, p in enumerate(busiest)]
+
+
+#: Seconds from a step's start (its generators spawning) to the profile's start.
+START_S = 6.0
+
+
 def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmup: float, generators: int,
-        processes: int | None, device: str) -> None:
+        processes: int | None, device: str, profile_rate: float | None = None) -> None:
     from tools.gpu_bench import materialize_engines_dir
 
     out.mkdir(parents=True, exist_ok=True)
@@ -250,10 +274,15 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
             cmd = [sys.executable, "-m", "bot.cli", "--log-level", "WARNING", "loadtest", "--url",
                    f"http://127.0.0.1:{port}", "--rate", str(rate), "--seconds", str(seconds), "--warmup",
                    str(warmup), "--generators", str(generators), "--server-pid", str(srv.pid), "--json"]
-            proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=seconds + 120)
+            test = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            spies = _profile(srv.pid, out, f"{label}-{rate:g}", seconds - warmup) if rate == profile_rate else []
+            stdout, stderr = test.communicate(timeout=seconds + 120)
+            proc = subprocess.CompletedProcess(cmd, test.returncode, stdout, stderr)
             if gpu is not None:
                 gpu.terminate()
                 gpu.wait()
+            for spy in spies:
+                spy.wait(timeout=30)
             try:
                 s = json.loads(proc.stdout)
             except ValueError:
@@ -289,12 +318,13 @@ def main() -> None:
     r.add_argument("--generators", type=int, default=4)
     r.add_argument("--processes", type=int, help="front-end processes (default: each layout's)")
     r.add_argument("--device", choices=["gpu", "cpu"], default="gpu", help="cpu: a smoke test of this script here")
+    r.add_argument("--profile-rate", type=float, help="py-spy the two busiest front-end processes during this rate")
     a = ap.parse_args()
     if a.cmd == "pack":
         pack(a.engines_dir, a.out, a.wheels)
     else:
         run(a.out, a.layouts.split(","), [float(x) for x in a.rates.split(",")], a.seconds, a.warmup, a.generators,
-            a.processes, a.device)
+            a.processes, a.device, a.profile_rate)
 
 
 if __name__ == "__main__":
