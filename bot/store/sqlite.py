@@ -12,11 +12,13 @@ How it stays correct with several processes on one file:
   writer nor the writer readers; ``synchronous=NORMAL`` keeps the file consistent
   on a crash (the last commits may be lost on power failure, which dedup keys,
   buckets and sessions tolerate).
-* Every read-modify-write runs in ``BEGIN IMMEDIATE`` … ``COMMIT``
-  (https://www.sqlite.org/lang_transaction.html): IMMEDIATE takes the write lock
-  at BEGIN, so two processes cannot both read "absent" and both write; the loser
-  waits in SQLite's busy handler (``busy_timeout_s``) instead of failing with
-  SQLITE_BUSY the way a deferred transaction upgrading to a write can.
+* A plain write (set, claim, delete) is one statement in autocommit: SQLite holds the
+  write lock only inside that statement's step (a claim is a conditional upsert, atomic
+  as one statement). Every other read-modify-write runs in ``BEGIN IMMEDIATE`` …
+  ``COMMIT`` (https://www.sqlite.org/lang_transaction.html): IMMEDIATE takes the write
+  lock at BEGIN, so two processes cannot both read "absent" and both write, and a loser
+  is told at once (``SQLITE_BUSY``) instead of failing later the way a deferred
+  transaction upgrading to a write can.
 * Inside one process, a transaction runs whole, synchronously, on the event loop's thread
   (a few tens of microseconds: WAL with ``synchronous=NORMAL`` writes to the page cache and
   does not fsync at commit), on a connection whose busy timeout is 0, under one
@@ -141,10 +143,16 @@ class SqliteStore:
         memory = path == ":memory:"
         enable_faulthandler()  # a fatal signal inside SQLite's C code leaves a traceback, not silence
         full_path = path if memory else str(Path(path).absolute())
+        checkpointer = conn = None
         try:
-            conn = connect(path, 0.0, autocheckpoint=memory)
-            checkpointer = conn if memory else connect(path, busy_timeout_s)
-        except sqlite3.Error as e:
+            checkpointer = connect(path, busy_timeout_s)
+            conn = checkpointer if memory else connect(path, busy_timeout_s, autocheckpoint=False)
+            conn.execute("PRAGMA busy_timeout = 0")  # after the pragmas, which may wait: see _run
+        except (sqlite3.Error, StoreError) as e:
+            for c in {id(c): c for c in (checkpointer, conn) if c is not None}.values():
+                c.close()
+            if isinstance(e, StoreError):
+                raise
             raise describe_error(e, full_path, busy_timeout_s) from e
         store = cls(conn, checkpointer, full_path, busy_timeout_s=busy_timeout_s, purge_interval_s=purge_interval_s)
         try:
