@@ -6,7 +6,7 @@ Two steps, because neither the prepared model (448 MiB) nor this project's Pytho
 are on the GPU machine, and at most 64 MiB travel:
 
 ``python tools/e2e_bench.py pack [--out .e2e]``
-    on the development machine. Writes ``.e2e/`` (git-ignored, about 50 MiB): the encoder's
+    on the development machine. Writes ``.e2e/`` (git-ignored, about 45 MiB): the encoder's
     matrices as INT8 with one FP32 scale per output row and its vectors FP32 (``weights.npz``,
     the key layout of tools/gpu_bench.py plus ``q:``/``s:`` keys), the embedding rows of every
     token the server embeds at start (knowledge base, intent examples, decision and topic-fit
