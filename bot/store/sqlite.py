@@ -103,6 +103,11 @@ def _purge(conn: sqlite3.Connection, now: float) -> int:
     return removed
 
 
+def _distinct(*conns: sqlite3.Connection | None) -> list[sqlite3.Connection]:
+    """The connections given, each once (``:memory:`` uses one for both roles), without None."""
+    return list({id(c): c for c in conns if c is not None}.values())
+
+
 class SqliteStore:
     """The :class:`~bot.store.base.Store` protocol on one SQLite file (see the module docstring).
 
@@ -149,7 +154,7 @@ class SqliteStore:
             conn = checkpointer if memory else connect(path, busy_timeout_s, autocheckpoint=False)
             conn.execute("PRAGMA busy_timeout = 0")  # after the pragmas, which may wait: see _run
         except (sqlite3.Error, StoreError) as e:
-            for c in {id(c): c for c in (checkpointer, conn) if c is not None}.values():
+            for c in _distinct(checkpointer, conn):
                 c.close()
             if isinstance(e, StoreError):
                 raise
@@ -202,15 +207,12 @@ class SqliteStore:
         if self._guard is not None:
             self._guard.note()
 
-    def _transaction(self, conn: sqlite3.Connection, body: Body[T], purge: bool) -> T:
+    @staticmethod
+    def _transaction(conn: sqlite3.Connection, body: Body[T]) -> T:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` around ``body`` on ``conn`` (``ROLLBACK`` on any exception)."""
         conn.execute("BEGIN IMMEDIATE")
-        now = time.time()
         try:
-            if purge and now >= self._next_purge_at:
-                _purge(conn, now)
-                self._next_purge_at = now + self.purge_interval_s
-            result = body(conn, now)
+            result = body(conn, time.time())
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -239,18 +241,29 @@ class SqliteStore:
                 delay = min(delay * 2.0, RETRY_MAX_S)
 
     async def _write(self, body: Body[T], purge: bool = True) -> T:
-        result = await self._run(lambda conn: self._transaction(conn, body, purge))
+        """``body`` in one transaction (after the purge, when one is due and ``purge``)."""
+        if purge:
+            await self._purge_if_due()
+        result = await self._run(lambda conn: self._transaction(conn, body))
         self._committed()
         return result
 
     async def _statement(self, sql: str, params: tuple) -> int:
         """One write statement in autocommit (SQLite holds the write lock only inside that one step,
-        never while Python runs between statements); the number of rows it changed."""
-        if time.time() >= self._next_purge_at:
-            await self.purge()
+        never while Python runs between statements), after the purge when one is due; the number
+        of rows it changed."""
+        await self._purge_if_due()
         changed = await self._run(lambda conn: conn.execute(sql, params).rowcount)
         self._committed()
         return changed
+
+    async def _purge_if_due(self) -> None:
+        """The purge, every ``purge_interval_s``: the first write that finds it due runs it (the
+        next time is taken before it runs, so concurrent writes do not each purge)."""
+        now = time.time()
+        if now >= self._next_purge_at:
+            self._next_purge_at = now + self.purge_interval_s
+            await self.purge()
 
     def _committed(self) -> None:
         self._commits += 1
@@ -315,14 +328,10 @@ class SqliteStore:
     async def delete_if_equal(self, key: str, value: str) -> bool:
         """Remove ``key`` only if it holds ``value`` and has not expired; True if removed.
 
-        One conditional ``DELETE`` inside the transaction: the compare and the delete are atomic
-        across processes.
+        One conditional ``DELETE`` statement: the compare and the delete are atomic across processes.
         """
-        def body(conn: sqlite3.Connection, now: float) -> bool:
-            return conn.execute("DELETE FROM kv WHERE key = ? AND value = ? AND (expires IS NULL OR expires > ?)",
-                                (key, value, now)).rowcount == 1
-
-        return await self._write(body, purge=False)
+        return await self._statement("DELETE FROM kv WHERE key = ? AND value = ? AND (expires IS NULL OR expires > ?)",
+                                     (key, value, time.time())) == 1
 
     async def take_token(self, key: str, rate_per_s: float, burst: int) -> bool:
         """Token bucket: capacity ``burst`` tokens, refilled at ``rate_per_s`` tokens per second.
@@ -429,7 +438,7 @@ class SqliteStore:
                 return
             await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
             problem = self._guard.check() if self._guard is not None else None
-            connections = {id(c): c for c in (conn, self._checkpointer)}.values()
+            connections = _distinct(conn, self._checkpointer)
             if problem is None:
                 for c in connections:
                     c.close()
