@@ -91,12 +91,16 @@ class BM25:
         # query costs its postings' length in numpy, not terms × documents in Python.
         rows: dict[str, tuple[list[int], list[float]]] = {}
         for i, tf in enumerate(self.doc_tf):
-            norm = k1 * (1 - b + b * self.doc_len[i] / self.avg_len) if self.avg_len else k1
             for term, f in tf.items():
                 docs, weights = rows.setdefault(term, ([], []))
                 docs.append(i)
-                weights.append(self.idf[term] * f * (k1 + 1) / (f + norm))
+                weights.append(self._weight(term, f, self.doc_len[i]))
         self.postings = {t: (np.asarray(d, dtype=np.intp), np.asarray(w)) for t, (d, w) in rows.items()}
+
+    def _weight(self, term: str, f: int, length: int) -> float:
+        """BM25's weight of ``term``, found ``f`` times in a document of ``length`` terms."""
+        norm = self.k1 * (1 - self.b + self.b * length / self.avg_len)
+        return self.idf[term] * f * (self.k1 + 1) / (f + norm)
 
     def score_without(self, query_terms: list[str], doc: int, minus: Counter) -> float:
         """BM25 score of document ``doc`` with the term counts ``minus`` taken out of it
@@ -107,8 +111,7 @@ class BM25:
         for term in set(query_terms):
             f = tf.get(term, 0) - minus.get(term, 0)
             if f > 0 and term in self.idf:
-                norm = self.k1 * (1 - self.b + self.b * max(length, 1) / self.avg_len)
-                out += self.idf[term] * f * (self.k1 + 1) / (f + norm)
+                out += self._weight(term, f, max(length, 1))
         return out
 
     def scores(self, query_terms: list[str]) -> np.ndarray:
