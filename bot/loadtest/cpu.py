@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["CpuMeter", "CpuUsage", "ServerProcess", "start_server"]
+__all__ = ["CpuMeter", "CpuUsage", "ServerProcess", "own_cpu_s", "start_server"]
 
 
 @dataclass
@@ -59,7 +59,8 @@ class CpuUsage:
                 "other_processes_cores": None if self.others_cores is None else round(self.others_cores, 2)}
 
 
-def _own_cpu() -> float:
+def own_cpu_s() -> float:
+    """CPU seconds (user + system) this process has used so far."""
     t = os.times()
     return t.user + t.system
 
@@ -134,7 +135,7 @@ class CpuMeter:
 
     async def start(self) -> None:
         self._machine0 = (_machine_busy(), time.monotonic())
-        self._client0 = _own_cpu()
+        self._client0 = own_cpu_s()
         if self.pid is not None:
             self._start, self._main0 = self._snapshot()
         else:
@@ -142,7 +143,7 @@ class CpuMeter:
 
     async def stop(self) -> CpuUsage | None:
         """The CPU used since :meth:`start`; None when it could not be read."""
-        client = _own_cpu() - self._client0
+        client = own_cpu_s() - self._client0
         if self.pid is not None:
             end, main = self._snapshot()
             server = sum(t - self._start.get(pid, 0.0) for pid, t in end.items())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -22,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.loadtest.cpu import CpuMeter, CpuUsage
+from bot.loadtest.cpu import CpuMeter, CpuUsage, own_cpu_s
 from bot.loadtest.openloop import OpenLoopConfig, OpenLoopResult, OpenSample, run_open_loop, validate_open
 from bot.loadtest.traffic import check_ready
 
@@ -36,11 +35,10 @@ MAX_GENERATORS = 64
 
 def _generate(cfg: OpenLoopConfig) -> tuple[list[tuple[float, float, str, str, float]], int, float]:
     """One generator process: its samples as tuples, its most messages in flight, its CPU seconds."""
-    t0 = os.times()
+    started_s = own_cpu_s()
     result = asyncio.run(run_open_loop(cfg))
-    t1 = os.times()
     samples = [(s.at_s, s.latency_s, s.outcome, s.kind, s.lag_s) for s in result.samples]
-    return samples, result.max_in_flight, (t1.user - t0.user) + (t1.system - t0.system)
+    return samples, result.max_in_flight, own_cpu_s() - started_s
 
 
 async def run_generators(cfg: OpenLoopConfig, generators: int, progress: Any = None) -> OpenLoopResult:
