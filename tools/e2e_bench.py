@@ -88,10 +88,9 @@ def used_token_ids(engines_dir: Path) -> list[int]:
 
 
 def pack(engines_dir: Path, out: Path, wheels: Path) -> None:
-    import gzip
-
     from inference.engines.torch_cuda.weights import bert_from_onnx
     from inference.tokenizer import E5Tokenizer
+    from tools.gpu_bench import write_carry
 
     out.mkdir(parents=True, exist_ok=True)
     used = np.array(used_token_ids(engines_dir), dtype=np.int64)
@@ -106,20 +105,8 @@ def pack(engines_dir: Path, out: Path, wheels: Path) -> None:
             arrays["s:" + k] = scale.astype(np.float32)
         else:
             arrays["w:" + k] = v.astype(np.float32)
-    np.savez(out / "weights.npz", **arrays)
-    tok = E5Tokenizer.load(engines_dir)
-    cfg = bert.config
-    manifest = json.loads((engines_dir / "manifest.json").read_text(encoding="utf-8"))
-    meta = {"vocab_rows": int(word.shape[0]), "heads": int(cfg.num_attention_heads), "eps": float(cfg.layer_norm_eps),
-            "pad_id": int(tok.pad_id), "rows_carried": int(used.size), "matrices": "int8, a scale per output row",
-            "source": manifest.get("model"), "onnx_sha256": manifest.get("onnx_sha256")}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    eng = out / "engines"
-    eng.mkdir(exist_ok=True)
-    for name in ("manifest.json", "normalization.json"):
-        shutil.copy2(engines_dir / name, eng / name)
-    with open(engines_dir / "tokenizer.json", "rb") as src, gzip.open(eng / "tokenizer.json.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    write_carry(out, engines_dir, bert, E5Tokenizer.load(engines_dir).pad_id, arrays, rows_carried=int(used.size),
+                matrices="int8, a scale per output row")
     whl = out / "whl"
     whl.mkdir(exist_ok=True)
     for f in sorted(wheels.glob("*.whl")):

@@ -105,11 +105,21 @@ def pack(engines_dir: Path, out: Path) -> None:
     arrays = {"word_ids": used.astype(np.int64), "word_rows": word[used].astype(np.float16)}
     for k, v in state.items():
         arrays["w:" + k] = v.astype(np.float16) if v.ndim == 2 else v.astype(np.float32)
+    write_carry(out, engines_dir, bert, tok.pad_id, arrays, texts=len(texts), windows=len(windows),
+                rows_carried=int(used.size))
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"packed {len(texts)} texts / {len(windows)} windows / {used.size} embedding rows into {out} "
+          f"({size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
+
+
+def write_carry(out: Path, engines_dir: Path, bert, pad_id: int, arrays: dict[str, np.ndarray], **meta_extra) -> None:
+    """The carry's ``weights.npz`` (``arrays``), ``meta.json`` (what :func:`load_carried_bert` needs,
+    the source model, ``meta_extra``) and ``engines/`` (manifest, normalization, gzipped tokenizer)."""
     np.savez(out / "weights.npz", **arrays)
     manifest = json.loads((engines_dir / "manifest.json").read_text(encoding="utf-8"))
     cfg = bert.config
-    meta = {"vocab_rows": int(word.shape[0]), "heads": int(cfg.num_attention_heads), "eps": float(cfg.layer_norm_eps),
-            "pad_id": int(tok.pad_id), "texts": len(texts), "windows": len(windows), "rows_carried": int(used.size),
+    meta = {"vocab_rows": int(bert.embeddings.word_embeddings.weight.shape[0]), "heads": int(cfg.num_attention_heads),
+            "eps": float(cfg.layer_norm_eps), "pad_id": int(pad_id), **meta_extra,
             "source": manifest.get("model"), "onnx_sha256": manifest.get("onnx_sha256")}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     eng = out / "engines"
@@ -118,9 +128,6 @@ def pack(engines_dir: Path, out: Path) -> None:
         shutil.copy2(engines_dir / name, eng / name)
     with open(engines_dir / "tokenizer.json", "rb") as src, gzip.open(eng / "tokenizer.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"packed {len(texts)} texts / {len(windows)} windows / {used.size} embedding rows into {out} "
-          f"({size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
 
 
 # =========================================================================== run (GPU)
