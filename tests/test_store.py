@@ -7,6 +7,7 @@ without the binary they are skipped, except in CI, where they fail.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import sqlite3
@@ -359,13 +360,22 @@ async def test_sqlite_purge_removes_expired_rows_and_full_buckets(tmp_path):
         await store.close()
 
 
+@contextlib.asynccontextmanager
+async def _store_beside_a_writer(db, busy_timeout_s: float):
+    """A SQLite store on ``db`` and a plain connection to the same file, standing for another process."""
+    store = await SqliteStore.open(f"sqlite:///{db}", busy_timeout_s=busy_timeout_s)
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    try:
+        yield store, holder
+    finally:
+        holder.close()
+        await store.close()
+
+
 async def test_sqlite_a_write_waits_without_blocking_the_event_loop_while_another_process_holds_the_lock(tmp_path):
     """The loop's connection fails at once on SQLITE_BUSY; the write is tried again after short
     asynchronous sleeps, so the event loop keeps running while it waits for the lock."""
-    db = tmp_path / "locked.db"
-    store = await SqliteStore.open(f"sqlite:///{db}", busy_timeout_s=5.0)
-    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
-    try:
+    async with _store_beside_a_writer(tmp_path / "locked.db", busy_timeout_s=5.0) as (store, holder):
         holder.execute("BEGIN IMMEDIATE")  # another process's write lock
         loop = asyncio.get_running_loop()
         loop.call_later(0.3, holder.execute, "COMMIT")
@@ -385,25 +395,16 @@ async def test_sqlite_a_write_waits_without_blocking_the_event_loop_while_anothe
         assert 0.25 <= waited < 2.0
         assert ticks >= 15  # the loop was not blocked while the write waited
         assert await store.get("claim") == "mine"
-    finally:
-        holder.close()
-        await store.close()
 
 
 async def test_sqlite_a_lock_held_past_the_busy_timeout_is_a_store_error(tmp_path):
-    db = tmp_path / "stuck.db"
-    store = await SqliteStore.open(f"sqlite:///{db}", busy_timeout_s=0.2)
-    holder = sqlite3.connect(db, isolation_level=None)
-    try:
+    async with _store_beside_a_writer(tmp_path / "stuck.db", busy_timeout_s=0.2) as (store, holder):
         holder.execute("BEGIN IMMEDIATE")
         with pytest.raises(StoreError, match="still locked after 0.2 s"):
             await store.set("k", "v")
         holder.execute("ROLLBACK")
         await store.set("k", "v")  # and works again once the lock is gone
         assert await store.get("k") == "v"
-    finally:
-        holder.close()
-        await store.close()
 
 
 async def test_sqlite_commits_on_the_event_loop_never_checkpoint_the_executor_does(tmp_path):
