@@ -193,7 +193,7 @@ class Dispatcher:
             if intent in HEALTH_INTENTS:
                 checked = review(body, lang)
                 if checked.blocked:
-                    notes["review_blocked"] = checked.reasons
+                    notes["review_blocked"] = list(checked.reasons)
                 body = checked.text
             if not agents:
                 body = drop_handoff_offer(body)

@@ -24,8 +24,9 @@ the reader to a doctor or pharmacist.
 
 from __future__ import annotations
 
+import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["ReviewResult", "review", "FALLBACK", "REVIEW_RULES"]
 
@@ -50,7 +51,7 @@ class ReviewResult:
 
     text: str
     blocked: bool
-    reasons: list[str] = field(default_factory=list)
+    reasons: tuple[str, ...] = ()
 
 
 _NUM = r"(?<![\d.])(?:\d+(?:\.\d+)?(?:\s*[-~～到至]\s*\d+(?:\.\d+)?)?|[零一二两三四五六七八九十百千半]+(?:[到至][零一二两三四五六七八九十百千半]+)?)"
@@ -148,8 +149,9 @@ def _clause_before(text: str, start: int, boundary: re.Pattern[str] = _CLAUSE_ST
     return text[cut:start]
 
 
+@functools.lru_cache(maxsize=4096)  # replies repeat (a topic's answer, a template): checked once each
 def review(text: str, lang: str) -> ReviewResult:
-    """Check one outgoing text and replace it when it is unsafe.
+    """Check one outgoing text and replace it when it is unsafe (pure: results are cached).
 
     Args:
         text: the reply about to be sent (any length, characters).
@@ -170,5 +172,5 @@ def review(text: str, lang: str) -> ReviewResult:
             reasons.append(f"{reason}:{name}")
             break
     if reasons:
-        return ReviewResult(text=FALLBACK["zh" if lang == "zh" else "en"], blocked=True, reasons=reasons)
-    return ReviewResult(text=text, blocked=False, reasons=[])
+        return ReviewResult(text=FALLBACK["zh" if lang == "zh" else "en"], blocked=True, reasons=tuple(reasons))
+    return ReviewResult(text=text, blocked=False)

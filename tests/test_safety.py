@@ -292,7 +292,7 @@ def test_review_blocks_doses_medicine_changes_and_diagnoses(text, lang):
 ])
 def test_review_keeps_nutrition_figures_and_warnings(text, lang):
     result = review(text, lang)
-    assert not result.blocked and result.text == text and result.reasons == []
+    assert not result.blocked and result.text == text and result.reasons == ()
 
 
 def test_review_fallback_suggests_doctor_or_pharmacist():
