@@ -407,63 +407,57 @@ async def test_sqlite_a_lock_held_past_the_busy_timeout_is_a_store_error(tmp_pat
         assert await store.get("k") == "v"
 
 
-async def test_sqlite_writes_made_together_commit_in_one_transaction_each_with_its_own_result(tmp_path):
-    """Group commit: concurrent writes share one COMMIT; a claim is still won once per key."""
-    store = await SqliteStore.open(f"sqlite:///{tmp_path}/group.db")
-    try:
-        before = store._commits
-        won = await asyncio.gather(*(store.set_if_absent(f"claim{i % 5}", str(i)) for i in range(20)),
-                                   store.set("plain", "v"), store.push("list", "item"))
-        assert store._commits == before + 1
-        assert won[:20] == [True] * 5 + [False] * 15  # the first of each key, in the order they were made
-        assert [await store.get(f"claim{k}") for k in range(5)] == ["0", "1", "2", "3", "4"]
-        assert await store.read_all("list") == ["item"]
-    finally:
-        await store.close()
-
-
-async def test_sqlite_a_write_that_fails_fails_alone_and_the_others_in_its_transaction_commit(tmp_path):
-    store = await SqliteStore.open(f"sqlite:///{tmp_path}/alone.db")
-    try:
-        results = await asyncio.gather(store.set("a", "1"), store.set("bad", object()), store.set("b", "2"),
-                                       return_exceptions=True)
-        assert results[0] is None and results[2] is None
-        assert isinstance(results[1], StoreError)
-        assert (await store.get("a"), await store.get("bad"), await store.get("b")) == ("1", None, "2")
-    finally:
-        await store.close()
-
-
-async def test_sqlite_writes_made_while_another_process_holds_the_lock_commit_together_after_it(tmp_path):
-    """While the flusher waits for the lock, later writes join it: one transaction once the lock is free;
-    a write whose caller gave up before that is not made."""
-    async with _store_beside_a_writer(tmp_path / "wait.db", busy_timeout_s=5.0) as (store, holder):
+async def test_sqlite_writes_queued_behind_another_processes_lock_commit_together_each_with_its_own_result(tmp_path):
+    """Group commit: writes made while another process holds the lock share one COMMIT once it is
+    free; a claim is still won once per key, by the first made; a write whose caller gave up
+    before the commit is not made."""
+    async with _store_beside_a_writer(tmp_path / "group.db", busy_timeout_s=5.0) as (store, holder):
         await store.set("warm", "up")
-        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("BEGIN IMMEDIATE")  # another process's write lock
         before = store._commits
-        first = asyncio.ensure_future(store.set("k0", "v"))
+        claims = [asyncio.ensure_future(store.set_if_absent(f"claim{i % 5}", str(i))) for i in range(20)]
+        others = [asyncio.ensure_future(w) for w in (store.set("plain", "v"), store.push("list", "item"))]
         abandoned = asyncio.ensure_future(store.set("gave-up", "v"))
         await asyncio.sleep(0.05)
-        later = [asyncio.ensure_future(store.set(f"k{i}", "v")) for i in range(1, 10)]
+        later = [asyncio.ensure_future(store.set(f"k{i}", "v")) for i in range(5)]
         abandoned.cancel()
         await asyncio.sleep(0.05)
         holder.execute("COMMIT")
-        await asyncio.gather(first, *later)
+        won = await asyncio.gather(*claims)
+        await asyncio.gather(*others, *later)
         assert store._commits == before + 1
-        assert [await store.get(f"k{i}") for i in range(10)] == ["v"] * 10
+        assert won == [True] * 5 + [False] * 15  # the first of each key, in the order they were made
+        assert [await store.get(f"claim{k}") for k in range(5)] == ["0", "1", "2", "3", "4"]
+        assert await store.read_all("list") == ["item"] and await store.get("plain") == "v"
+        assert [await store.get(f"k{i}") for i in range(5)] == ["v"] * 5
         assert await store.get("gave-up") is None
 
 
-async def test_sqlite_close_commits_the_writes_already_made(tmp_path):
-    url = f"sqlite:///{tmp_path}/close.db"
-    store = await SqliteStore.open(url)
-    pending = [asyncio.ensure_future(store.set(f"k{i}", str(i))) for i in range(5)]
-    await asyncio.sleep(0)  # made, not yet committed
-    await store.close()
-    assert [p.result() for p in pending] == [None] * 5
-    with pytest.raises(StoreError, match="closed"):
-        await store.set("late", "x")
-    again = await SqliteStore.open(url)
+async def test_sqlite_a_write_that_fails_fails_alone_and_the_others_in_its_transaction_commit(tmp_path):
+    async with _store_beside_a_writer(tmp_path / "alone.db", busy_timeout_s=5.0) as (store, holder):
+        await store.set("warm", "up")
+        holder.execute("BEGIN IMMEDIATE")
+        writes = [asyncio.ensure_future(w) for w in (store.set("a", "1"), store.set("bad", object()), store.set("b", "2"))]
+        await asyncio.sleep(0.05)
+        holder.execute("COMMIT")
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], StoreError)
+        assert (await store.get("a"), await store.get("bad"), await store.get("b")) == ("1", None, "2")
+
+
+async def test_sqlite_close_commits_the_writes_already_queued(tmp_path):
+    db = tmp_path / "close.db"
+    async with _store_beside_a_writer(db, busy_timeout_s=5.0) as (store, holder):
+        holder.execute("BEGIN IMMEDIATE")
+        pending = [asyncio.ensure_future(store.set(f"k{i}", str(i))) for i in range(5)]
+        await asyncio.sleep(0.02)  # queued behind the other connection's lock
+        asyncio.get_running_loop().call_later(0.1, holder.execute, "COMMIT")
+        await store.close()
+        assert [p.result() for p in pending] == [None] * 5
+        with pytest.raises(StoreError, match="closed"):
+            await store.set("late", "x")
+    again = await SqliteStore.open(f"sqlite:///{db}")
     try:
         assert [await again.get(f"k{i}") for i in range(5)] == [str(i) for i in range(5)]
     finally:

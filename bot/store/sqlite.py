@@ -83,6 +83,10 @@ Body = Callable[[sqlite3.Connection, float], T]
 RETRY_FIRST_S = 0.0002
 RETRY_MAX_S = 0.005
 
+#: Seconds after another process last kept a write out during which every write is queued for
+#: the flusher (batched with the others), not tried at once on its own.
+CONTENDED_S = 1.0
+
 #: Commits between two passive WAL checkpoints on the executor (SQLite's own default is a
 #: checkpoint at every commit that leaves the WAL over 1,000 pages; a message writes a few pages).
 CHECKPOINT_EVERY = 256
@@ -147,6 +151,7 @@ class SqliteStore:
         self._closing = asyncio.Lock()
         self._queue: list[_Queued] = []  # writes for the next transaction, in the order they were made
         self._flusher: asyncio.Task | None = None
+        self._contended_until = 0.0  # monotonic s: until then every write is queued (see _write)
         self._next_purge_at = 0.0
         self._commits = 0
         self._guard = None if path == ":memory:" else ShmGuard(self.path)
@@ -260,15 +265,36 @@ class SqliteStore:
             await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - now, 0.0)))
             delay = min(delay * 2.0, RETRY_MAX_S)
 
-    async def _write(self, body: Body[T]) -> T:
+    async def _write(self, body: Body[T], *, statement: bool = False) -> T:
         """``body``'s result, once the transaction that ran it has committed (see the module docstring).
+
+        With no write queued and no other process seen holding the lock in the last
+        :data:`CONTENDED_S`, ``body`` runs at once (a ``statement``, one SQL statement, in
+        autocommit: SQLite holds the lock only inside its step); otherwise it is queued and
+        committed with the other queued writes.
 
         Raises:
             StoreError: the store is closed or failed, another process kept the write lock for
                 ``busy_timeout_s`` after this write was queued, or ``body`` raised a SQLite error;
                 whatever else ``body`` raised.
         """
-        if self._conn is None:
+        if not self._queue and (self._flusher is None or self._flusher.done()) and time.monotonic() >= self._contended_until:
+            conn = self._open_conn()
+            try:
+                if statement and time.time() < self._next_purge_at:
+                    result = body(conn, time.time())
+                else:
+                    result = self._transaction(conn, lambda c, now: self._commit_body(c, now, body))
+            except sqlite3.Error as e:
+                if not is_busy(e):
+                    raise self._error(e) from e
+                self._contended_until = time.monotonic() + CONTENDED_S
+            else:
+                self._committed()
+                return result
+            finally:
+                self._used()
+        elif self._conn is None:
             self._open_conn()  # raises: closed; queue nothing
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(body, future, time.monotonic()))
@@ -278,7 +304,7 @@ class SqliteStore:
 
     async def _statement(self, sql: str, params: tuple) -> int:
         """One write statement, committed with the other queued writes; the number of rows it changed."""
-        return await self._write(lambda conn, _now: conn.execute(sql, params).rowcount)
+        return await self._write(lambda conn, _now: conn.execute(sql, params).rowcount, statement=True)
 
     async def _flush(self) -> None:
         """Commit the queued writes, all that are queued in one transaction, until none is left."""
@@ -290,19 +316,20 @@ class SqliteStore:
                 return
             try:
                 outcomes = self._commit(self._open_conn(), batch)
-            except StoreError as e:  # closed, or the -shm guard refuses the connection now
-                _fail(batch, e)
-                continue
             except sqlite3.Error as e:
                 now = time.monotonic()
                 late = [q for q in batch if not is_busy(e) or now - q.queued_at >= self.busy_timeout_s]
                 _fail(late, self._error(e))
                 waiting = [q for q in batch if q not in late]
                 if waiting:  # another process holds the write lock: wait, then all that queued meanwhile too
+                    self._contended_until = now + CONTENDED_S
                     self._queue = waiting + self._queue
                     wait = min(q.queued_at for q in waiting) + self.busy_timeout_s - now
                     await asyncio.sleep(min(delay * (0.5 + random.random()), max(wait, 0.0)))
                     delay = min(delay * 2.0, RETRY_MAX_S)
+                continue
+            except Exception as e:  # noqa: BLE001 (closed, the -shm guard, or a lone write's own error: rolled back)
+                _fail(batch, e)
                 continue
             finally:
                 self._used()
@@ -319,13 +346,13 @@ class SqliteStore:
         """Run ``batch`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, after the purge when one is due.
 
         Returns per write ``(True, result)`` or ``(False, exception)``: a write whose body fails is
-        rolled back to its savepoint and fails alone. Raises ``sqlite3.Error`` when the transaction
-        itself fails (BEGIN, COMMIT, a rollback), which fails the whole batch.
+        rolled back to its savepoint and fails alone. Raises when the transaction itself fails
+        (BEGIN, COMMIT, a rollback), which fails the whole batch, and a lone write's own error.
         """
         def run_all(c: sqlite3.Connection, now: float) -> list[tuple[bool, Any]]:
-            if now >= self._next_purge_at:
-                self._next_purge_at = now + self.purge_interval_s
-                _purge(c, now)
+            if len(batch) == 1:  # nothing to keep apart: no savepoint (its error rolls back the transaction)
+                return [(True, self._commit_body(c, now, batch[0].body))]
+            self._purge_if_due(c, now)
             outcomes: list[tuple[bool, Any]] = []
             for queued in batch:
                 c.execute("SAVEPOINT write")
@@ -338,6 +365,16 @@ class SqliteStore:
             return outcomes
 
         return self._transaction(conn, run_all)
+
+    def _purge_if_due(self, conn: sqlite3.Connection, now: float) -> None:
+        """The purge, inside the transaction that finds it due (every ``purge_interval_s``)."""
+        if now >= self._next_purge_at:
+            self._next_purge_at = now + self.purge_interval_s
+            _purge(conn, now)
+
+    def _commit_body(self, conn: sqlite3.Connection, now: float, body: Body[T]) -> T:
+        self._purge_if_due(conn, now)
+        return body(conn, now)
 
     def _committed(self) -> None:
         self._commits += 1
