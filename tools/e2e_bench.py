@@ -12,20 +12,24 @@ are on the GPU machine, and at most 64 MiB travel:
     token the server embeds at start (knowledge base, intent examples, decision and topic-fit
     training lines, the load test's questions: found by running the start-up derivation with a
     recording encoder) in FP16, the tokenizer, and the wheels of the dependencies the GPU image
-    lacks (``whl/``; jieba without its unused analysers, ``jieba.tgz``). The serving model on the
-    GPU host is therefore not bit-identical to the released one (INT8 weights), but it is
-    self-consistent: the knowledge base, the decision head and the topic-fit verifier are all
-    derived there from the same weights, as ``healthbot serve`` does at a first start. Speed,
-    which is what this measures, does not depend on the weights' values.
+    lacks (``whl/``; jieba without its unused analysers, ``jieba.tgz``), and this machine's
+    ``redis-server`` with the libraries a stock Ubuntu image lacks (``redis/``, 3.1 MiB;
+    tools/e2e_redis.py). The serving model on the GPU host is therefore not bit-identical to
+    the released one (INT8 weights), but it is self-consistent: the knowledge base, the decision
+    head and the topic-fit verifier are all derived there from the same weights, as ``healthbot
+    serve`` does at a first start. Speed, which is what this measures, does not depend on the
+    weights' values.
 
-``python tools/e2e_bench.py run --out DIR [--layouts gpu,cpu] [--seconds 15]``
+``python tools/e2e_bench.py run --out DIR [--layouts gpu,cpu,gpu-redis,cpu-redis] [--seconds 15]``
     on the GPU machine, from the repository root, with ``PYTHONPATH=.e2e/site:.`` after the
     wheels are installed there (the command line in docs/loadtest.md). Materializes ``engines/``
     from the carry (tools/gpu_bench.py), starts one ``serve`` to derive and cache the knowledge
     base's vectors and the two learned judges, then per layout starts ``serve --processes N``
-    (SQLite store shared by the processes), sends open-loop steps at rising rates from several
-    generator processes, and writes ``e2e.json`` and ``e2e.log`` under ``--out``. ``nvidia-smi``
-    samples the GPU's load during each step.
+    (store shared by the processes: the SQLite file, or for ``*-redis`` a fresh carried
+    ``redis-server`` on loopback, skipped if it does not start), sends open-loop steps at rising
+    rates from several generator processes, and writes ``e2e.json`` (each layout's store) and
+    ``e2e.log`` under ``--out``. ``nvidia-smi`` samples the GPU's load during each step, Redis's
+    ``INFO`` its CPU and commands per message.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ def used_token_ids(engines_dir: Path) -> list[int]:
 def pack(engines_dir: Path, out: Path, wheels: Path) -> None:
     from inference.engines.torch_cuda.weights import bert_from_onnx
     from inference.tokenizer import E5Tokenizer
+    from tools.e2e_redis import pack_redis
     from tools.gpu_bench import write_carry
 
     out.mkdir(parents=True, exist_ok=True)
@@ -114,9 +119,11 @@ def pack(engines_dir: Path, out: Path, wheels: Path) -> None:
             _slim_jieba(f, out / "jieba.tgz")
         else:
             shutil.copy2(f, whl / f.name)
+    redis_bytes = pack_redis(out)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"packed {used.size} embedding rows, {len(state)} tensors and {len(list(whl.iterdir()))} wheels into {out} "
-          f"({size / 2**20:.1f} MiB)", file=sys.stderr)
+          f"({size / 2**20:.1f} MiB, redis-server and its libraries {redis_bytes / 2**20:.1f} MiB of it)",
+          file=sys.stderr)
 
 
 def _slim_jieba(wheel: Path, dest: Path) -> None:
@@ -184,14 +191,16 @@ def _gpu_busy(out: Path, label: str) -> float | None:
         return None
 
 
+CPU = {"HEALTHBOT_INFERENCE_ENGINE_ORDER": "onnxruntime"}
 LAYOUTS = {
-    # label: (environment, front-end processes)
-    "gpu": ({}, 12),
-    "gpu-nocache": ({"HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE": "0"}, 12),
-    "gpu-si": ({"HEALTHBOT_INFERENCE_SWITCH_INTERVAL_MS": "0.5"}, 12),
-    "cpu": ({"HEALTHBOT_INFERENCE_ENGINE_ORDER": "onnxruntime"}, 12),
-    "cpu-nocache": ({"HEALTHBOT_INFERENCE_ENGINE_ORDER": "onnxruntime", "HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE": "0"},
-                    12),
+    # label: (environment, front-end processes, store: "sqlite" the shared file, "redis" a fresh local server)
+    "gpu": ({}, 12, "sqlite"),
+    "gpu-nocache": ({"HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE": "0"}, 12, "sqlite"),
+    "gpu-si": ({"HEALTHBOT_INFERENCE_SWITCH_INTERVAL_MS": "0.5"}, 12, "sqlite"),
+    "gpu-redis": ({}, 12, "redis"),
+    "cpu": (CPU, 12, "sqlite"),
+    "cpu-nocache": (dict(CPU, HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE="0"), 12, "sqlite"),
+    "cpu-redis": (CPU, 12, "redis"),
 }
 
 
@@ -221,6 +230,7 @@ START_S = 6.0
 
 def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmup: float, generators: int,
         processes: int | None, device: str, profile_rate: float | None = None) -> None:
+    from tools.e2e_redis import RedisServer, step_figures
     from tools.gpu_bench import materialize_engines_dir
 
     out.mkdir(parents=True, exist_ok=True)
@@ -235,9 +245,19 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
     port = 18931
     warmed: set[str] = set()
     for label in layouts:
-        env_over, n = LAYOUTS[label]
+        env_over, n, store = LAYOUTS[label]
         n = processes or n
-        env = dict(base, HEALTHBOT_DATA_DIR=tempfile.mkdtemp(), **env_over)
+        redis = RedisServer.start(carry / "redis", out / f"redis-{label}.log", log) if store == "redis" else None
+        if store == "redis" and redis is None:
+            log(f"{label}: skipped, no Redis server")
+            results["layouts"][label] = {"processes": n, "env": env_over, "store": "redis", "skipped": "see e2e.log"}
+            (out / "e2e.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
+            continue
+        data_dir = tempfile.mkdtemp()
+        store_url = redis.url if redis else f"sqlite:///{data_dir}/healthbot.db"  # bot/config.py's default
+        env = dict(base, HEALTHBOT_DATA_DIR=data_dir, **env_over)
+        if redis:
+            env["HEALTHBOT_STORE_URL"] = redis.url
         engine = env_over.get("HEALTHBOT_INFERENCE_ENGINE_ORDER", "default")
         if engine not in warmed:  # one process derives and caches what every front-end process then loads
             warmed.add(engine)
@@ -247,20 +267,31 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
             ok = _ready(port, 420, warm)
             log(f"{label}: first start (derives and caches the knowledge base's vectors and both judges for this "
                 f"engine): ready={ok} after {time.monotonic() - started:.0f} s; exit {_stop(warm)}")
+        if redis:
+            try:
+                redis.command("FLUSHALL")  # the measured server starts on an empty store
+                store = f"redis {redis.version()}"
+            except OSError as e:
+                log(f"{label}: skipped, Redis stopped answering after the first start: {e}; exit {redis.stop()}")
+                continue
         port += 1
         srv = _serve(env, port, n, out / f"serve-{label}.log")
         started = time.monotonic()
         if not _ready(port, 240, srv):
             log(f"{label}: not ready after {time.monotonic() - started:.0f} s (exit {srv.poll()})")
             _stop(srv)
+            if redis:
+                redis.stop()
             continue
-        log(f"{label}: {n} front-end processes ready in {time.monotonic() - started:.0f} s; {env_over}")
+        log(f"{label}: {n} front-end processes ready in {time.monotonic() - started:.0f} s; {env_over}; {store} "
+            f"store {store_url}" + (f" ({redis.binary})" if redis else ""))
         steps = []
         for rate in rates:
             gpu = _gpu_sampler(out, f"{label}-{rate:g}")
             cmd = [sys.executable, "-m", "bot.cli", "--log-level", "WARNING", "loadtest", "--url",
                    f"http://127.0.0.1:{port}", "--rate", str(rate), "--seconds", str(seconds), "--warmup",
                    str(warmup), "--generators", str(generators), "--server-pid", str(srv.pid), "--json"]
+            redis0 = redis.stats() if redis else None
             test = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             spies = _profile(srv.pid, out, f"{label}-{rate:g}", seconds - warmup) if rate == profile_rate else []
             stdout, stderr = test.communicate(timeout=seconds + 120)
@@ -276,15 +307,19 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
                 log(f"  {label} {rate:g}/s: no result (exit {proc.returncode}): {proc.stderr[-800:]}")
                 break
             s["gpu_busy_percent"] = _gpu_busy(out, f"{label}-{rate:g}")
+            if redis:
+                s.update(step_figures(redis0, redis.stats(), s["sent"]))
             steps.append(s)
             log(f"  {label} {rate:g}/s: answered {s['answered_rps']}/s p50 {s['p50_ms']} p99 {s['p99_ms']} "
                 f"p99.9 {s['p99_9_ms']} ms, errors {s['errors']}, deferred {s['deferred']}, not answers "
                 f"{s['not_answers']}, server CPU {s['cpu_ms_per_msg']} ms/msg, generators {s['client_cpu_ms_per_msg']} "
-                f"ms/msg, GPU busy {s['gpu_busy_percent']} %")
+                f"ms/msg, GPU busy {s['gpu_busy_percent']} %" + (f", Redis CPU {s['redis_cpu_ms_per_msg']} ms/msg "
+                f"over {s['redis_commands_per_msg']} commands/msg" if redis else ""))
             if s["errors"] or s["p99_ms"] > 1000 or s["answered_rps"] < 0.9 * rate:
                 break  # past saturation: the next rate only queues more
             time.sleep(2.0)
-        results["layouts"][label] = {"processes": n, "env": env_over, "steps": steps, "exit": _stop(srv)}
+        results["layouts"][label] = {"processes": n, "env": env_over, "store": store, "store_url": store_url,
+                                     "steps": steps, "exit": _stop(srv), "store_exit": redis.stop() if redis else None}
         (out / "e2e.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
     log(f"done in {time.monotonic() - t0:.0f} s")
 
