@@ -7,10 +7,9 @@ questions and answer in both languages). A topic's score is
 
     hybrid = dense + LEXICAL_WEIGHT * bm25 / (bm25 + LEXICAL_SATURATION)
 
-where ``dense`` is the mean of the two best cosines between the query and the
-topic's example questions (the mean of two is less fooled than the single best by
-one example that shares a phrase with the query, e.g. "is it ok to drink coffee
-..." in the pregnancy topic; measured with ``healthbot eval``).
+where ``dense`` is the mean of the two best cosines between the query and the topic's example
+questions (less fooled than the single best by one example that shares a phrase with the query,
+e.g. "is it ok to drink coffee ..." in the pregnancy topic; measured with ``healthbot eval``).
 The confidence is a logistic map of the hybrid score and the margin to the
 runner-up, calibrated on the knowledge base's own held-out phrasings (see
 :data:`CALIBRATION`); below ``knowledge.min_confidence`` the bot says it does not
@@ -35,6 +34,7 @@ import yaml
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.lexical import BM25, TopicTerms, tokenize, topic_terms
 from bot.logs import logged_step
+from bot.search_cache import SearchCache
 from bot.terms import canonical_terms
 from bot.topic_scope import TopicScope
 from inference.batcher import DeadlineExceeded
@@ -50,14 +50,12 @@ LEXICAL_SATURATION = 6.0
 DENSE_TOP_K = 2
 #: Labelled non-answer examples (out_of_scope, no_answer) for the nearest-neighbour check.
 INTENT_EXAMPLES = Path(__file__).parent / "intent_examples.yaml"
-#: A message is off-topic when its nearest labelled non-answer example is closer
-#: than its best topic's nearest example question by more than this cosine margin
-#: (both sides are means of their two best matches). Chosen on held-out questions
-#: (the project's own safety set and probe questions), not on the dev file: 0.0 keeps
-#: every answerable one there while specialist and first-aid questions get no_answer.
+#: A message is off-topic when its nearest labelled non-answer example is closer than its best topic's
+#: nearest example question by more than this cosine margin (both: means of two best matches). Chosen on
+#: the project's own safety set and probe questions, not the dev file: 0.0 keeps every answerable one
+#: there while specialist and first-aid questions get no_answer.
 OFF_TOPIC_MARGIN = {"out_of_scope": 0.0, "no_answer": 0.0}
-#: Logistic calibration of the confidence: (scale, centre) for the hybrid score
-#: and the weight of the margin to the second-best topic.
+#: Logistic calibration of the confidence: (scale, centre) for the hybrid score, weight of the margin.
 CALIBRATION = {"scale": 40.0, "centre": 0.90, "margin_weight": 1.0}
 
 
@@ -207,6 +205,8 @@ class Retriever:
         self.answer_vectors = answer_vectors
         #: "hybrid" (served), or "dense" / "bm25" alone for comparison (`healthbot eval --compare`)
         self.mode = "hybrid"
+        #: results of repeated questions (bot/search_cache.py), as many as the embedding cache holds
+        self.results: SearchCache[SearchResult] = SearchCache(getattr(getattr(encoder, "cache", None), "size", 0))
         # rows of each topic, padded with -1 into int64[topics, most examples] for top-k
         counts = np.bincount(owners, minlength=len(self.topic_ids))
         self._rows = np.full((len(self.topic_ids), int(counts.max())), -1, dtype=np.int64)
@@ -420,6 +420,8 @@ class Retriever:
         Raises:
             inference.batcher.BusyError / DeadlineExceeded: the inference pool is overloaded.
         """
+        if (kept := self.results.get(key := (text, k, context, context_topic, self.mode))) is not None:
+            return kept
         text = canonical_terms(text)
         texts = [text] if context is None else [f"{context} {text}", text]
         qs = await self.encoder.encode(texts)
@@ -443,7 +445,9 @@ class Retriever:
                            self.centroids[best], self.coverage(terms[-1], best),
                            self.answer_scores(qs[-1]))
         context_score = float(hybrid[self.topic_ids.index(context_topic)]) if context_topic in self.topic_ids else None
-        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, context_score)
+        result = SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, context_score)
+        self.results.put(key, result)
+        return result
 
 
 def confidence(score: float, margin: float) -> float:

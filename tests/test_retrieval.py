@@ -69,3 +69,24 @@ async def test_start_fails_with_the_deadline_when_one_text_alone_is_too_slow():
     assert [(e["texts_per_call"], e["log_level"]) for e in logs if e["event"] == "kb_embedding_smaller_calls"] == [
         (32, "info"), (16, "info"), (8, "info"), (4, "info"), (2, "info"), (1, "warning")]
 
+
+
+async def test_a_repeated_question_is_scored_once_per_retriever_behind_the_embedding_cache():
+    """bot/search_cache.py: the second ask of a question reuses the first result (no encoder call,
+    no scoring), read-only; a follow-up is its own entry; without an embedding cache nothing is kept."""
+    from inference.encoder import CachedEncoder
+
+    kb = load_knowledge_base()
+    inner = SlowEncoder(fits=10**6)
+    inner.variant = "test"
+    retriever = await Retriever.build(kb, CachedEncoder(inner, 16))
+    calls = len(inner.calls)
+    first = await retriever.search("失眠怎么调理")
+    assert await retriever.search("失眠怎么调理") is first and len(inner.calls) == calls + 1
+    assert not first.vector.flags.writeable and not first.fit_features.flags.writeable
+    follow_up = await retriever.search("失眠怎么调理", context="饮食")
+    assert follow_up is not first and follow_up.context_vector is not None and len(retriever.results) == 2
+
+    plain = await Retriever.build(kb, inner)
+    a, b = await plain.search("失眠怎么调理"), await plain.search("失眠怎么调理")
+    assert a is not b and [m.topic_id for m in a.matches] == [m.topic_id for m in b.matches] and len(plain.results) == 0

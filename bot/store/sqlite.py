@@ -12,27 +12,19 @@ How it stays correct with several processes on one file:
   writer nor the writer readers; ``synchronous=NORMAL`` keeps the file consistent
   on a crash (the last commits may be lost on power failure, which dedup keys,
   buckets and sessions tolerate).
-* Writes are committed in groups (group commit): every write a process makes is queued, and
-  one flusher task commits all that are queued in one ``BEGIN IMMEDIATE`` … ``COMMIT``
-  (https://www.sqlite.org/lang_transaction.html), each write inside its own ``SAVEPOINT`` so
-  that one that fails fails alone. IMMEDIATE takes the write lock at BEGIN, so two processes
-  cannot both read "absent" and both write (a claim is a conditional upsert), and a loser is
-  told at once (``SQLITE_BUSY``). A caller hears its result only after the COMMIT. Writes
-  queued in one event-loop iteration, and all writes queued while the flusher waits for
-  another process's lock, share one transaction: the more processes contend for the file's
-  one write lock, the fewer times each takes it (on the H200 host, 10 processes at 850
-  messages a second spent their time waiting for it: docs/loadtest.md).
-* Every transaction runs whole, synchronously, on the event loop's thread (tens of
-  microseconds: WAL with ``synchronous=NORMAL`` writes to the page cache and does not fsync
-  at commit), on a connection whose busy timeout is 0; nothing awaits inside a transaction,
-  so they never interleave. When another process holds the write lock, BEGIN fails at once
-  with ``SQLITE_BUSY`` and the flusher tries again after an ``asyncio.sleep`` of
-  :data:`RETRY_FIRST_S`, doubling to :data:`RETRY_MAX_S` (with jitter); a write still not
-  committed ``busy_timeout_s`` after it was queued fails. The event loop never sleeps in
-  SQLite's busy handler, whose own waits (1, 2, 5, 10 … 100 ms, sqlite3.c
-  ``sqliteDefaultBusyCallback``) are a hundred times longer than the transactions it waits
-  for. Reads need no lock (WAL). Checkpoints (which fsync) run on a second connection in a
-  one-thread executor every :data:`CHECKPOINT_EVERY` commits, never at a commit on the loop.
+* A write runs at once, alone (a plain write, one statement in autocommit: SQLite holds the
+  write lock only inside its step; a read-modify-write in ``BEGIN IMMEDIATE`` … ``COMMIT``,
+  which takes the lock at BEGIN, so two processes cannot both read "absent" and both write).
+  When another process holds the lock, writes are queued and committed together (group
+  commit, bot/store/sqlite_writes.py), so contending processes take the lock less often.
+* Transactions run whole, synchronously, on the event loop's thread (tens of microseconds:
+  WAL with ``synchronous=NORMAL`` does not fsync at commit), on a connection whose busy
+  timeout is 0; nothing awaits inside one, so they never interleave. A locked database fails
+  at once with ``SQLITE_BUSY`` and is tried again after short jittered ``asyncio.sleep`` calls, so
+  the event loop never sleeps in SQLite's busy handler (whose waits, 1 … 100 ms, are a hundred
+  times longer than the transactions it waits for). Reads need no lock (WAL). Checkpoints
+  (which fsync) run on a second connection in a one-thread executor every
+  :data:`CHECKPOINT_EVERY` commits, never at a commit on the loop.
 
   Measured (docs/loadtest.md, "The store on the event loop"): the earlier layout, every
   statement a hop to an aiosqlite thread, cost 4.7 of a message's 16.8 ms of server CPU.
@@ -55,13 +47,11 @@ absent.
 from __future__ import annotations
 
 import asyncio
-import random
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, TypeVar
 
 import structlog
 
@@ -69,23 +59,13 @@ from bot.store.base import StoreError
 from bot.store.health import OK, PROBE_KEY, UNREACHABLE, UNWRITABLE
 from bot.store.shm_guard import ShmGuard, enable_faulthandler
 from bot.store.sqlite_connection import SCHEMA, SCHEMA_VERSION, abandon, connect, describe_error, is_busy, sqlite_path
+from bot.store.sqlite_writes import RETRY_FIRST_S, GroupCommit, retry_delay, transaction
 
-__all__ = ["CHECKPOINT_EVERY", "RETRY_FIRST_S", "RETRY_MAX_S", "SqliteStore", "sqlite_path"]
+__all__ = ["CHECKPOINT_EVERY", "SqliteStore", "sqlite_path"]
 
 log = structlog.get_logger("healthbot.store")
 
 T = TypeVar("T")
-#: A transaction's body: runs inside ``BEGIN IMMEDIATE`` … ``COMMIT`` with the connection and
-#: the transaction's clock (Unix time, seconds); synchronous, so it can run on either connection.
-Body = Callable[[sqlite3.Connection, float], T]
-
-#: First and longest wait (seconds) before trying again a transaction another process kept out.
-RETRY_FIRST_S = 0.0002
-RETRY_MAX_S = 0.005
-
-#: Seconds after another process last kept a write out during which every write is queued for
-#: the flusher (batched with the others), not tried at once on its own.
-CONTENDED_S = 1.0
 
 #: Commits between two passive WAL checkpoints on the executor (SQLite's own default is a
 #: checkpoint at every commit that leaves the WAL over 1,000 pages; a message writes a few pages).
@@ -111,21 +91,6 @@ def _purge(conn: sqlite3.Connection, now: float) -> int:
     return removed
 
 
-@dataclass
-class _Queued(Generic[T]):
-    """A write waiting for the flusher: its body, its caller's future, when it was queued (monotonic s)."""
-
-    body: Body[T]
-    future: asyncio.Future[T]
-    queued_at: float
-
-
-def _fail(writes: list[_Queued], error: BaseException) -> None:
-    for queued in writes:
-        if not queued.future.done():
-            queued.future.set_exception(error)
-
-
 def _distinct(*conns: sqlite3.Connection | None) -> list[sqlite3.Connection]:
     """The connections given, each once (``:memory:`` uses one for both roles), without None."""
     return list({id(c): c for c in conns if c is not None}.values())
@@ -149,10 +114,10 @@ class SqliteStore:
         self.busy_timeout_s = busy_timeout_s
         self.purge_interval_s = purge_interval_s
         self._closing = asyncio.Lock()
-        self._queue: list[_Queued] = []  # writes for the next transaction, in the order they were made
-        self._flusher: asyncio.Task | None = None
-        self._contended_until = 0.0  # monotonic s: until then every write is queued (see _write)
         self._next_purge_at = 0.0
+        self._writes = GroupCommit(self._open_conn, self._used, self._committed, self._error, self._purge_if_due,
+                                   lambda: time.time() >= self._next_purge_at, busy_timeout_s)
+        self._write = self._writes.write
         self._commits = 0
         self._guard = None if path == ":memory:" else ShmGuard(self.path)
 
@@ -210,7 +175,7 @@ class SqliteStore:
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-        await self._run(lambda conn: self._transaction(conn, create))
+        await self._run(lambda conn: transaction(conn, create))
 
     def _error(self, e: BaseException) -> StoreError:
         return describe_error(e, self.path, self.busy_timeout_s)
@@ -233,19 +198,6 @@ class SqliteStore:
         if self._guard is not None:
             self._guard.note()
 
-    @staticmethod
-    def _transaction(conn: sqlite3.Connection, body: Body[T]) -> T:
-        """``BEGIN IMMEDIATE`` … ``COMMIT`` around ``body`` on ``conn`` (``ROLLBACK`` on any exception)."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = body(conn, time.time())
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        return result
-
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """``work`` (a read, or the schema's transaction) on the event loop's connection; while another
         process keeps it out (``SQLITE_BUSY``), again after short, growing, jittered sleeps, for at
@@ -262,119 +214,18 @@ class SqliteStore:
                     raise self._error(e) from e
             finally:
                 self._used()
-            await asyncio.sleep(min(delay * (0.5 + random.random()), max(deadline - now, 0.0)))
-            delay = min(delay * 2.0, RETRY_MAX_S)
-
-    async def _write(self, body: Body[T], *, statement: bool = False) -> T:
-        """``body``'s result, once the transaction that ran it has committed (see the module docstring).
-
-        With no write queued and no other process seen holding the lock in the last
-        :data:`CONTENDED_S`, ``body`` runs at once (a ``statement``, one SQL statement, in
-        autocommit: SQLite holds the lock only inside its step); otherwise it is queued and
-        committed with the other queued writes.
-
-        Raises:
-            StoreError: the store is closed or failed, another process kept the write lock for
-                ``busy_timeout_s`` after this write was queued, or ``body`` raised a SQLite error;
-                whatever else ``body`` raised.
-        """
-        if not self._queue and (self._flusher is None or self._flusher.done()) and time.monotonic() >= self._contended_until:
-            conn = self._open_conn()
-            try:
-                if statement and time.time() < self._next_purge_at:
-                    result = body(conn, time.time())
-                else:
-                    result = self._transaction(conn, lambda c, now: self._commit_body(c, now, body))
-            except sqlite3.Error as e:
-                if not is_busy(e):
-                    raise self._error(e) from e
-                self._contended_until = time.monotonic() + CONTENDED_S
-            else:
-                self._committed()
-                return result
-            finally:
-                self._used()
-        elif self._conn is None:
-            self._open_conn()  # raises: closed; queue nothing
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(body, future, time.monotonic()))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.ensure_future(self._flush())
-        return await future  # a caller cancelled before the commit cancels its write: the flusher skips it
+            sleep, delay = retry_delay(delay, deadline - now)
+            await asyncio.sleep(sleep)
 
     async def _statement(self, sql: str, params: tuple) -> int:
-        """One write statement, committed with the other queued writes; the number of rows it changed."""
+        """One write statement (bot/store/sqlite_writes.py); the number of rows it changed."""
         return await self._write(lambda conn, _now: conn.execute(sql, params).rowcount, statement=True)
-
-    async def _flush(self) -> None:
-        """Commit the queued writes, all that are queued in one transaction, until none is left."""
-        delay = RETRY_FIRST_S
-        while True:
-            batch = [q for q in self._queue if not q.future.done()]
-            self._queue = []
-            if not batch:
-                return
-            try:
-                outcomes = self._commit(self._open_conn(), batch)
-            except sqlite3.Error as e:
-                now = time.monotonic()
-                late = [q for q in batch if not is_busy(e) or now - q.queued_at >= self.busy_timeout_s]
-                _fail(late, self._error(e))
-                waiting = [q for q in batch if q not in late]
-                if waiting:  # another process holds the write lock: wait, then all that queued meanwhile too
-                    self._contended_until = now + CONTENDED_S
-                    self._queue = waiting + self._queue
-                    wait = min(q.queued_at for q in waiting) + self.busy_timeout_s - now
-                    await asyncio.sleep(min(delay * (0.5 + random.random()), max(wait, 0.0)))
-                    delay = min(delay * 2.0, RETRY_MAX_S)
-                continue
-            except Exception as e:  # noqa: BLE001 (closed, the -shm guard, or a lone write's own error: rolled back)
-                _fail(batch, e)
-                continue
-            finally:
-                self._used()
-            delay = RETRY_FIRST_S
-            self._committed()
-            for queued, (ok, value) in zip(batch, outcomes):
-                if not queued.future.done():
-                    if ok:
-                        queued.future.set_result(value)
-                    else:
-                        queued.future.set_exception(value)
-
-    def _commit(self, conn: sqlite3.Connection, batch: list[_Queued]) -> list[tuple[bool, Any]]:
-        """Run ``batch`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, after the purge when one is due.
-
-        Returns per write ``(True, result)`` or ``(False, exception)``: a write whose body fails is
-        rolled back to its savepoint and fails alone. Raises when the transaction itself fails
-        (BEGIN, COMMIT, a rollback), which fails the whole batch, and a lone write's own error.
-        """
-        def run_all(c: sqlite3.Connection, now: float) -> list[tuple[bool, Any]]:
-            if len(batch) == 1:  # nothing to keep apart: no savepoint (its error rolls back the transaction)
-                return [(True, self._commit_body(c, now, batch[0].body))]
-            self._purge_if_due(c, now)
-            outcomes: list[tuple[bool, Any]] = []
-            for queued in batch:
-                c.execute("SAVEPOINT write")
-                try:
-                    outcomes.append((True, queued.body(c, now)))
-                except Exception as e:  # noqa: BLE001 (handed to the one caller whose write it was)
-                    c.execute("ROLLBACK TO write")
-                    outcomes.append((False, self._error(e) if isinstance(e, sqlite3.Error) else e))
-                c.execute("RELEASE write")
-            return outcomes
-
-        return self._transaction(conn, run_all)
 
     def _purge_if_due(self, conn: sqlite3.Connection, now: float) -> None:
         """The purge, inside the transaction that finds it due (every ``purge_interval_s``)."""
         if now >= self._next_purge_at:
             self._next_purge_at = now + self.purge_interval_s
             _purge(conn, now)
-
-    def _commit_body(self, conn: sqlite3.Connection, now: float, body: Body[T]) -> T:
-        self._purge_if_due(conn, now)
-        return body(conn, now)
 
     def _committed(self) -> None:
         self._commits += 1
@@ -545,8 +396,7 @@ class SqliteStore:
         connections are then abandoned instead, and the error logged.
         """
         async with self._closing:
-            while self._flusher is not None and not self._flusher.done():  # the writes made before close
-                await asyncio.shield(self._flusher)
+            await self._writes.drain()  # the writes made before close
             conn, self._conn = self._conn, None
             if conn is None:
                 return

@@ -1,0 +1,57 @@
+"""Search results of repeated questions, kept per retriever.
+
+Real traffic repeats its top questions ("失眠怎么调理"). The embedding cache in front of the
+encoder (``inference.embedding_cache_size``, inference/encoder.py) already skips the encoder
+for them, but scoring the vector against every example question (a float32[7,237 × 384]
+matrix–vector product, 11 MB read from memory each time) and BM25 were still done again: on
+the H200 host at 1,600 messages a second, ``Retriever.search`` was a third of a front-end
+process's busy time, its matrix product 16 % (docs/loadtest.md).
+
+A :class:`~bot.retrieval.Retriever`'s results depend only on its question, its arguments and the
+retriever's own state (knowledge base and model, both fixed for a retriever: a reload or a
+model swap builds a new retriever, and with it a new, empty cache), so a result can be reused
+as it is. Its arrays are made read-only, so no caller can change what the next one reads.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import fields
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+class SearchCache(Generic[T]):
+    """A bounded LRU of search results: at most ``size`` entries (0: holds nothing), the least
+    recently used evicted first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(0, int(size))
+        self._data: OrderedDict[Hashable, T] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: Hashable) -> T | None:
+        """The result kept for ``key``, or None."""
+        result = self._data.get(key)
+        if result is not None:
+            self._data.move_to_end(key)
+        return result
+
+    def put(self, key: Hashable, result: T) -> None:
+        """Keep ``result`` (a dataclass) for ``key``; its numpy arrays become read-only."""
+        if not self.size:
+            return
+        for f in fields(result):
+            value = getattr(result, f.name)
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
+        self._data[key] = result
+        self._data.move_to_end(key)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
