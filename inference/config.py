@@ -87,7 +87,9 @@ class InferenceConfig:
     ``embedding_cache_size``: vectors of repeated texts kept per serving process
     (an LRU of normalized text → vector in front of the encoder,
     :class:`inference.encoder.CachedEncoder`; emptied when the serving model
-    changes); 0 turns it off. 4096 vectors of 384 floats take about 6 MiB.
+    changes); 0 turns it off. 4096 vectors of 384 floats take about 6 MiB. The retriever
+    keeps as many search results of repeated questions (bot/search_cache.py; each holds two
+    384-float vectors: about 16 MiB more at 4096), off with it.
 
     ``reload_interval_s``: how often a serving process checks ``engines_dir/manifest.json`` for
     a new model version and, when it changed, loads, checks and swaps it in without a restart
