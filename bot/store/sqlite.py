@@ -249,11 +249,8 @@ class SqliteStore:
         Raises:
             StoreError: a SQLite error.
         """
-        def body(conn: sqlite3.Connection, now: float) -> int:
-            self._next_purge_at = now + self.purge_interval_s
-            return _purge(conn, now)
-
-        return await self._write(body)
+        self._next_purge_at = time.time() + self.purge_interval_s  # this purge is the one due: counted here
+        return await self._write(_purge)
 
     async def get(self, key: str) -> str | None:
         """The string at ``key``, or None if absent, expired or a list."""
