@@ -101,14 +101,13 @@ class GroupCommit:
             StoreError: closed or failed, the lock kept by another process for ``busy_timeout_s``,
                 or ``body`` raised a SQLite error; whatever else ``body`` raised.
         """
-        idle = not self._queue and (self._flusher is None or self._flusher.done())
-        conn = self._connection()
-        if idle and time.monotonic() >= self._contended_until:
+        if not self._queue and (self._flusher is None or self._flusher.done()) and time.monotonic() >= self._contended_until:
+            conn = self._connection()  # closed or unusable: raises here; a queued write hears it from the flusher
             try:
                 if statement and not self._before_due():
                     result = body(conn, time.time())
                 else:
-                    result = transaction(conn, lambda c, now: (self._before(c, now), body(c, now))[1])
+                    (_, result), = self._commit(conn, [body])
             except sqlite3.Error as e:
                 if not is_busy(e):
                     raise self._error(e) from e
@@ -137,7 +136,7 @@ class GroupCommit:
             if not batch:
                 return
             try:
-                outcomes = self._commit(self._connection(), batch)
+                outcomes = self._commit(self._connection(), [q.body for q in batch])
             except sqlite3.Error as e:
                 now = time.monotonic()
                 late = [q for q in batch if not is_busy(e) or now - q.queued_at >= self.busy_timeout_s]
@@ -163,18 +162,19 @@ class GroupCommit:
                     else:
                         queued.future.set_exception(value)
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[_Queued]) -> list[tuple[bool, Any]]:
-        """``batch`` in one transaction: per write ``(True, result)`` or ``(False, its exception)``.
-        Raises what fails the transaction itself (BEGIN, COMMIT, a rollback) and a lone write's error."""
+    def _commit(self, conn: sqlite3.Connection, bodies: list[Body]) -> list[tuple[bool, Any]]:
+        """``bodies`` in one transaction, after ``before``: per write ``(True, result)`` or ``(False, its
+        exception)``. Raises what fails the transaction itself (BEGIN, COMMIT, a rollback) and a lone
+        write's error."""
         def run_all(c: sqlite3.Connection, now: float) -> list[tuple[bool, Any]]:
             self._before(c, now)
-            if len(batch) == 1:  # nothing to keep apart: no savepoint (its error rolls back the transaction)
-                return [(True, batch[0].body(c, now))]
+            if len(bodies) == 1:  # nothing to keep apart: no savepoint (its error rolls back the transaction)
+                return [(True, bodies[0](c, now))]
             outcomes: list[tuple[bool, Any]] = []
-            for queued in batch:
+            for body in bodies:
                 c.execute("SAVEPOINT write")
                 try:
-                    outcomes.append((True, queued.body(c, now)))
+                    outcomes.append((True, body(c, now)))
                 except Exception as e:  # noqa: BLE001 (handed to the one caller whose write it was)
                     c.execute("ROLLBACK TO write")
                     outcomes.append((False, self._error(e) if isinstance(e, sqlite3.Error) else e))
