@@ -15,33 +15,19 @@ as it is. Its arrays are made read-only, so no caller can change what the next o
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import fields
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from dataclasses import fields
+from typing import TypeVar
 
 import numpy as np
+
+from inference.lru import LRUCache
 
 T = TypeVar("T")
 
 
-class SearchCache(Generic[T]):
-    """A bounded LRU of search results: at most ``size`` entries (0: holds nothing), the least
-    recently used evicted first."""
-
-    def __init__(self, size: int) -> None:
-        self.size = max(0, int(size))
-        self._data: OrderedDict[Hashable, T] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def get(self, key: Hashable) -> T | None:
-        """The result kept for ``key``, or None."""
-        result = self._data.get(key)
-        if result is not None:
-            self._data.move_to_end(key)
-        return result
+class SearchCache(LRUCache[T]):
+    """A bounded LRU of search results (:class:`~inference.lru.LRUCache`) whose arrays are read-only."""
 
     def put(self, key: Hashable, result: T) -> None:
         """Keep ``result`` (a dataclass) for ``key``; its numpy arrays become read-only."""
@@ -51,7 +37,4 @@ class SearchCache(Generic[T]):
             value = getattr(result, f.name)
             if isinstance(value, np.ndarray):
                 value.setflags(write=False)
-        self._data[key] = result
-        self._data.move_to_end(key)
-        while len(self._data) > self.size:
-            self._data.popitem(last=False)
+        super().put(key, result)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
-from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Hashable, Protocol
 
@@ -39,6 +38,7 @@ from inference.batching.batcher import DynamicBatcher
 from inference.batching.windows import combine_windows
 from inference.config import InferenceConfig
 from inference.devices import device_label
+from inference.lru import LRUCache
 from inference.manager import ModelManager
 from inference.metrics import EMBEDDING_CACHE_ENTRIES, EMBEDDING_CACHE_HITS, EMBEDDING_CACHE_MISSES
 from inference.model_files import require_prepared
@@ -169,37 +169,24 @@ class Encoder:
 CACHED_CALL_TEXTS = 4
 
 
-class EmbeddingCache:
+class EmbeddingCache(LRUCache[np.ndarray]):
     """A bounded LRU of vectors: at most ``size`` entries (0: holds nothing), the least
     recently used evicted first. ``model``: the model key the vectors belong to."""
 
     def __init__(self, size: int) -> None:
-        self.size = max(0, int(size))
+        super().__init__(size)
         self.model: Hashable = None
-        self._data: OrderedDict[Hashable, np.ndarray] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def get(self, key: Hashable) -> np.ndarray | None:
-        vector = self._data.get(key)
-        if vector is not None:
-            self._data.move_to_end(key)
-        return vector
 
     def put(self, key: Hashable, vector: np.ndarray) -> None:
         if not self.size:
             return
         vector = np.array(vector, dtype=np.float32)  # an own, read-only copy
         vector.setflags(write=False)
-        self._data[key] = vector
-        self._data.move_to_end(key)
-        while len(self._data) > self.size:
-            self._data.popitem(last=False)
-        EMBEDDING_CACHE_ENTRIES.set(len(self._data))
+        super().put(key, vector)
+        EMBEDDING_CACHE_ENTRIES.set(len(self))
 
     def clear(self) -> None:
-        self._data.clear()
+        super().clear()
         EMBEDDING_CACHE_ENTRIES.set(0)
 
 
