@@ -230,6 +230,8 @@ START_S = 6.0
 
 def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmup: float, generators: int,
         processes: int | None, device: str, profile_rate: float | None = None) -> None:
+    from redis.exceptions import RedisError
+
     from tools.e2e_redis import RedisServer, step_figures
     from tools.gpu_bench import materialize_engines_dir
 
@@ -269,9 +271,9 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
                 f"engine): ready={ok} after {time.monotonic() - started:.0f} s; exit {_stop(warm)}")
         if redis:
             try:
-                redis.command("FLUSHALL")  # the measured server starts on an empty store
+                redis.client.flushall()  # the measured server starts on an empty store
                 store = f"redis {redis.version()}"
-            except OSError as e:
+            except RedisError as e:
                 log(f"{label}: skipped, Redis stopped answering after the first start: {e}; exit {redis.stop()}")
                 continue
         port += 1

@@ -20,6 +20,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import redis
+from redis.exceptions import RedisError
+
 #: The binary carried (on Debian a link to redis-check-rdb, which looks at its own name: copied as redis-server).
 REDIS_BIN = Path("/usr/bin/redis-server")
 #: The libraries of :data:`REDIS_BIN` a stock Ubuntu 24.04 image may lack.
@@ -55,16 +58,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _encode(*args: str) -> bytes:
-    return (f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)).encode()
-
-
 class RedisServer:
-    """A ``redis-server`` on a free loopback port: :meth:`start`, :meth:`command`, :meth:`stats`, :meth:`stop`."""
+    """A ``redis-server`` on a free loopback port: :meth:`start`, ``client`` (redis-py, the wheel the
+    carry already holds for the store), :meth:`stats`, :meth:`stop`."""
 
     def __init__(self, proc: subprocess.Popen, port: int, workdir: str, binary: Path) -> None:
         self.proc, self.port, self.workdir, self.binary = proc, port, workdir, binary
         self.url = f"redis://127.0.0.1:{port}/0"
+        self.client = redis.Redis.from_url(self.url, socket_timeout=5.0)
         atexit.register(self.stop)
 
     @classmethod
@@ -96,52 +97,31 @@ class RedisServer:
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and proc.poll() is None:
             try:
-                if server.command("PING") == "PONG":
+                if server.client.ping():
                     return server
-            except OSError:
+            except RedisError:  # not listening yet, or LOADING
                 time.sleep(0.1)
         tail = log_path.read_text(errors="replace")[-600:].strip()
         log(f"{binary} did not answer PING within {timeout_s:g} s (exit {proc.poll()}): {tail}")
         server.stop()
         return None
 
-    def command(self, *args: str, timeout_s: float = 5.0) -> str:
-        """One command on a new connection; its reply as text (a status, a bulk string or an integer)."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout_s) as s:
-            s.sendall(_encode(*args))
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise ConnectionError(f"Redis closed the connection after {data[:80]!r}")
-                data += chunk
-                head, sep, body = data.partition(b"\r\n")
-                if not sep:
-                    continue
-                if head[:1] == b"-":
-                    raise OSError(head[1:].decode())  # e.g. LOADING while it starts
-                if head[:1] != b"$":
-                    return head[1:].decode()
-                if len(body) >= int(head[1:]) + 2:
-                    return body[:int(head[1:])].decode()
-
     def stats(self) -> dict[str, float] | None:
         """``INFO cpu stats memory`` figures: its CPU seconds (user + system, all threads),
         commands processed so far, memory used (MiB); None if it does not answer."""
         try:
-            reply = self.command("INFO", "cpu", "stats", "memory")
-        except OSError:
+            info = self.client.info("all")
+        except RedisError:
             return None
-        info = dict(line.split(":", 1) for line in reply.splitlines() if ":" in line)
         return {"cpu_s": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
                 "commands": float(info["total_commands_processed"]), "used_mib": int(info["used_memory"]) / 2**20}
 
     def version(self) -> str:
-        info = self.command("INFO", "server")
-        return next((line.split(":", 1)[1] for line in info.splitlines() if line.startswith("redis_version:")), "?")
+        return str(self.client.info("server").get("redis_version", "?"))
 
     def stop(self) -> int | None:
         """SIGTERM (nothing to save), then the exit status; idempotent."""
+        self.client.close()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
