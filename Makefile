@@ -29,7 +29,7 @@ model: engines/manifest.json
 serve: $(STAMP) engines/manifest.json
 	$(BIN)/healthbot serve --host $(HOST) --port $(PORT)
 
-# The model's caches (knowledge-base vectors, decision head, topic fit: engines/cache) are built
+# The model's caches (knowledge-base vectors, topic prior, decision head, topic fit: engines/cache) are built
 # before the suite, once per change of the model, the knowledge base or the training data
 # (minutes on a fresh clone, seconds after), so that no test's server start pays for them.
 test: $(STAMP) engines/manifest.json

@@ -37,7 +37,7 @@ import yaml
 
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.logs import logged_step
-from bot.retrieval import embed_all
+from bot.embedding import embed_all
 from bot.terms import canonical_terms
 from safety.normalize import normalize
 

@@ -27,7 +27,8 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
    non-answer example, retrieval's confidence >= ``knowledge.min_confidence``, the
    topic covers every population or named disease the question names (bot/topic_scope.py),
    and the topic-fit verifier's probability that the topic answers the question
-   (bot/topic_fit.py) >= ``topic_fit``;
+   (bot/topic_fit.py) >= ``topic_fit`` (``topic_fit_contested`` when the topic prior, not the
+   hybrid score, ranked the topic first);
 10. else no_answer (honest: cannot answer reliably, see a doctor).
 
 A no_answer offers the best topic instead ("您是想了解「…」吗？", bot/suggestion.py) when only
@@ -71,6 +72,11 @@ class DecisionConfig:
     #: alone doubts is offered at P(fit) >= ``topic_fit``: right for 17 of the 17 answerable questions
     #: among 24 such declines on blind A, B, D, H-L (at >= 0.1: 19 of 20, but 34 offers, one an emergency).
     suggest: float = 0.1
+    #: P(fit) an answer needs instead of ``topic_fit`` when the topic prior put first a topic the
+    #: hybrid score ranks lower (bot/topic_prior.py: the two rankers disagree). On the development
+    #: batches H-P, such answers at P(fit) >= 0.35 were right 55 times in 74; at >= 0.5, 46 in 59
+    #: (the 15 between are offered instead: 9 right topics, 6 wrong).
+    topic_fit_contested: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,8 @@ class Decision:
 
 def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None, scope: bool, care_team: bool,
            off_topic: str | None, retrieval_confidence: float, min_confidence: float,
-           scope_gap: str | None = None, names_medicine: bool = False, topic_fit: float = 0.0) -> Decision:
+           scope_gap: str | None = None, names_medicine: bool = False, topic_fit: float = 0.0,
+           contested: bool = False) -> Decision:
     """Apply the policy of this module's docstring.
 
     Args:
@@ -113,6 +120,8 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         scope_gap: a population or disease the question names that the best topic does not cover.
         names_medicine: the question names a medicine (safety/scope.py :func:`names_medicine`).
         topic_fit: the verifier's probability that the best topic answers the question.
+        contested: the topic prior, not the hybrid score, put the best topic first
+            (``SearchResult.contested``): the answer needs P(fit) >= ``topic_fit_contested``.
     """
     danger = probs["emergency"] + probs["crisis"]
     kind = "crisis" if probs["crisis"] > probs["emergency"] else "emergency"
@@ -150,6 +159,6 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         return out(Intent.NO_ANSWER, "topic_scope")
     if off_topic is not None or retrieval_confidence < min_confidence:
         return out(Intent.NO_ANSWER, "retrieval")
-    if topic_fit < cfg.topic_fit:
+    if topic_fit < (max(cfg.topic_fit, cfg.topic_fit_contested) if contested else cfg.topic_fit):
         return out(Intent.NO_ANSWER, "topic_fit", fit=topic_fit, offer=topic_fit >= cfg.suggest)
     return out(Intent.ANSWER, "head", fit=topic_fit)

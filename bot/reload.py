@@ -4,7 +4,10 @@ The folder is polled (every ``interval_s`` seconds) for a change of its files'
 names, sizes and modification times. A changed base is loaded and validated; if
 it is valid, a new retriever is built (only new or changed questions are
 embedded) and swapped in with one assignment, so requests in flight finish on the
-old one. If it is invalid, the old base keeps serving and the problems are logged.
+old one. Its topic prior (bot/topic_prior.py) is the old one when the topics are the same
+(an edit of answers or examples); when topics were added or removed, topics are ranked by
+the hybrid score alone until the next start or model reload trains a prior for them
+(training takes seconds of CPU in every serving process). If it is invalid, the old base keeps serving and the problems are logged.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ async def reload_if_changed(dispatcher, kb_dir: Path, last: tuple, lock: asyncio
             return now
         new = await Retriever.build(kb, old.encoder, known=old.known_vectors())
         new.mode = old.mode
+        if new.topic_ids == old.topic_ids:
+            new.prior = old.prior
+        elif old.prior is not None:
+            log.warning("kb.topic_prior_off", why="topics added or removed", until="the next start or model reload")
         dispatcher.retriever = new
     log.info("kb.reloaded", topics=len(kb), digest=kb.digest[:12])
     return now

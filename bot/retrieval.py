@@ -25,19 +25,18 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import structlog
 import yaml
 
+from bot.embedding import TextEncoder, embed_all
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.lexical import BM25, TopicTerms, tokenize, topic_terms
 from bot.logs import logged_step
 from bot.search_cache import SearchCache
 from bot.terms import canonical_terms
 from bot.topic_scope import TopicScope
-from inference.batcher import DeadlineExceeded
 
 log = structlog.get_logger("healthbot.retrieval")
 
@@ -57,16 +56,6 @@ INTENT_EXAMPLES = Path(__file__).parent / "intent_examples.yaml"
 OFF_TOPIC_MARGIN = {"out_of_scope": 0.0, "no_answer": 0.0}
 #: Logistic calibration of the confidence: (scale, centre) for the hybrid score, weight of the margin.
 CALIBRATION = {"scale": 40.0, "centre": 0.90, "margin_weight": 1.0}
-
-
-class TextEncoder(Protocol):
-    """What retrieval needs from :class:`inference.encoder.Encoder`."""
-
-    engine_name: str
-
-    async def encode(self, texts: list[str], prefix: str = "query: ") -> np.ndarray:
-        """float32[N, D], L2-normalized."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -104,6 +93,8 @@ class SearchResult:
             the topic-fit verifier (bot/topic_fit.py) reads.
         context_score: for a follow-up, the hybrid score of the topic in context
             (``context_topic``), so the caller can tell how far the best topic is ahead of it.
+        contested: the topic prior (bot/topic_prior.py) put first a topic that the hybrid score
+            alone ranks lower: the two rankers disagree, and the policy asks more of the verifier.
     """
 
     matches: list[Match]
@@ -113,6 +104,7 @@ class SearchResult:
     context_vector: np.ndarray | None = None
     fit_features: np.ndarray | None = None
     context_score: float | None = None
+    contested: bool = False
 
 
 #: A title word that at most this many topics use in their titles and example questions
@@ -155,36 +147,6 @@ def fit_features(scores: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], 
     return np.concatenate([np.asarray(head, dtype=np.float32), (q * centroid).astype(np.float32)])
 
 
-#: Texts per ``encode`` call when the knowledge base is embedded (start-up, hot reload).
-EMBED_CHUNK = 64
-
-
-async def embed_all(encoder: TextEncoder, texts: list[str], prefix: str = "query: ") -> list[np.ndarray]:
-    """float32[D] vectors of ``texts``, :data:`EMBED_CHUNK` per ``encode`` call.
-
-    A call past the encoder's request deadline (``inference.deadline_ms``: a CPU
-    shared with other work at start-up) is not fatal: the chunk is halved and tried
-    again, down to one text a call (logged at info; at one text a call, overloaded: a warning).
-
-    Raises:
-        DeadlineExceeded: one text alone did not finish within the deadline.
-    """
-    out: list[np.ndarray] = []
-    size = EMBED_CHUNK
-    while len(out) < len(texts):
-        chunk = texts[len(out):len(out) + size]
-        try:
-            out.extend(await encoder.encode(chunk, prefix=prefix))
-        except DeadlineExceeded:
-            if size == 1:
-                raise
-            size //= 2
-            (log.warning if size == 1 else log.info)(
-                "kb_embedding_smaller_calls", texts_per_call=size, done=len(out), total=len(texts),
-                why=f"{2 * size} texts took longer than inference.deadline_ms")
-    return out
-
-
 class Retriever:
     """Hybrid dense + BM25 search over a :class:`KnowledgeBase`.
 
@@ -205,6 +167,9 @@ class Retriever:
         self.answer_vectors = answer_vectors
         #: "hybrid" (served), or "dense" / "bm25" alone for comparison (`healthbot eval --compare`)
         self.mode = "hybrid"
+        #: ranks topics with the hybrid score (bot/topic_prior.py :class:`~bot.topic_prior.TopicPrior`),
+        #: set after build; None ranks by the hybrid score alone
+        self.prior = None
         #: results of repeated questions (bot/search_cache.py), as many as the embedding cache holds
         self.results: SearchCache[SearchResult] = SearchCache(getattr(getattr(encoder, "cache", None), "size", 0))
         # rows of each topic, padded with -1 into int64[topics, most examples] for top-k
@@ -428,7 +393,8 @@ class Retriever:
         terms = [tokenize(t) for t in texts]  # jieba once per text: BM25 and the coverage feature
         parts = [self._score(q, ts) for q, ts in zip(qs, terms)]
         hybrid, dense, best_single, lexical = (np.mean([p[j] for p in parts], axis=0) for j in range(4))
-        order = np.argsort(-hybrid)[: max(k, 2)]
+        ranked = hybrid if self.prior is None or self.mode != "hybrid" else self.prior.ranking(hybrid, qs)
+        order = np.argsort(-ranked)[: max(k, 2)]
         margin = float(hybrid[order[0]] - hybrid[order[1]]) if len(order) > 1 else 1.0
         out = []
         for rank, i in enumerate(order[:k]):
@@ -445,7 +411,8 @@ class Retriever:
                            self.centroids[best], self.coverage(terms[-1], best),
                            self.answer_scores(qs[-1]))
         context_score = float(hybrid[self.topic_ids.index(context_topic)]) if context_topic in self.topic_ids else None
-        result = SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, context_score)
+        result = SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, context_score,
+                              contested=bool(hybrid[best] < hybrid.max()))
         self.results.put(key, result)
         return result
 

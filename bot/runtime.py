@@ -16,6 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from bot.classifier import DecisionHead
 from bot.topic_fit import TopicFit
+from bot.topic_prior import TopicPrior
 from bot.config import Config
 from bot.dispatcher import Dispatcher
 from bot.handoff import HandoffManager
@@ -47,10 +48,10 @@ def model_digest(cfg: Config, manifest: dict | None = None) -> str:
 
 
 async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[Retriever, DecisionHead, TopicFit]:
-    """What is computed from the model for ``kb``: the retriever (the examples' vectors), the
-    decision head and the topic-fit verifier, each cached in engines/cache under ``digest``
-    (:func:`model_digest`) plus ``encoder.variant`` and its data's digest: seconds when cached,
-    one to three minutes on 2 CPU cores when not."""
+    """What is computed from the model for ``kb``: the retriever (the examples' vectors) with its
+    topic prior (bot/topic_prior.py), the decision head and the topic-fit verifier, each cached
+    in engines/cache under ``digest`` (:func:`model_digest`) plus ``encoder.variant`` and its
+    data's digest: seconds when cached, one to three minutes on 2 CPU cores when not."""
     cache, key = cfg.engines_path / "cache", digest + encoder.variant
     # indexing the topics (scopes, BM25) takes seconds to tens of seconds at every start
     with logged_step(log, "retrieval_index", topics=len(kb)):
@@ -58,6 +59,7 @@ async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[
     known = retriever.known_vectors()  # texts embedded once, shared by both trainings
     head = await DecisionHead.build(kb, encoder, cache_dir=cache, model_digest=key, known=known)
     fit = await TopicFit.build(retriever, cache_dir=cache, model_digest=key, known=known)
+    retriever.prior = await TopicPrior.build(retriever, cache_dir=cache, model_digest=key, known=known)
     return retriever, head, fit
 
 

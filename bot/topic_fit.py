@@ -48,7 +48,8 @@ import structlog
 from bot.classifier import (DATA_DIR, HELD_OUT, SEED, Network, expected_calibration_error, fit_network,
                             load_network, query_text, save_network)
 from bot.logs import logged_step
-from bot.retrieval import Retriever, embed_all
+from bot.embedding import embed_all
+from bot.retrieval import Retriever
 
 log = structlog.get_logger("healthbot.topic_fit")
 

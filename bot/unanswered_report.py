@@ -31,7 +31,8 @@ from typing import Callable
 import numpy as np
 
 from bot.config import Config
-from bot.retrieval import Retriever, embed_all
+from bot.embedding import embed_all
+from bot.retrieval import Retriever
 from bot.runtime import open_dispatcher
 from bot.store import StoreError, open_store
 from bot.unanswered import DAY_S, read_unanswered

@@ -31,7 +31,7 @@ WARM_UP_TIMEOUT_S = 1800
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build the model's caches (engines/cache: KB vectors, decision head, topic fit) before any test,
+    """Build the model's caches (engines/cache: KB vectors, topic prior, decision head, topic fit) before any test,
     with one ``healthbot ask``: on a fresh clone the first server a test starts would otherwise spend
     its start-up timeout building them (the order of the test files decides which one that is).
     ``make test`` builds them itself first and sets ``HEALTHBOT_TEST_CACHES_BUILT``."""

@@ -53,6 +53,17 @@ def test_an_answer_needs_a_topic_that_fits_the_question():
     assert d.intent is Intent.ANSWER and d.fit == pytest.approx(CFG.topic_fit)
 
 
+def test_a_topic_only_the_prior_ranks_first_needs_a_surer_fit_and_is_offered_below_it():
+    fit = (CFG.topic_fit + CFG.topic_fit_contested) / 2
+    assert run(probs(answer=0.95), fit=fit).intent is Intent.ANSWER
+    d = decide(probs(answer=0.95), CFG, rule=None, scope=False, care_team=False, off_topic=None,
+               retrieval_confidence=0.9, min_confidence=0.5, topic_fit=fit, contested=True)
+    assert d.intent is Intent.NO_ANSWER and d.source == "topic_fit" and d.offer
+    d = decide(probs(answer=0.95), CFG, rule=None, scope=False, care_team=False, off_topic=None,
+               retrieval_confidence=0.9, min_confidence=0.5, topic_fit=CFG.topic_fit_contested, contested=True)
+    assert d.intent is Intent.ANSWER
+
+
 def test_rules_keep_their_say_and_the_head_adds_what_rules_miss():
     assert run(probs(answer=0.9), rule=Intent.GREETING).intent is Intent.GREETING
     assert run(probs(answer=0.9), scope=True).intent is Intent.REFER_DOCTOR

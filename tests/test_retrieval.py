@@ -9,7 +9,8 @@ import pytest
 import structlog
 
 from bot.knowledge import load_knowledge_base
-from bot.retrieval import EMBED_CHUNK, Retriever
+from bot.embedding import EMBED_CHUNK
+from bot.retrieval import Retriever
 from inference.batcher import DeadlineExceeded
 
 
