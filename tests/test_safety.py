@@ -119,6 +119,12 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("there's no point in getting up", "crisis.suicidal_en"),
     ("又划手了 不想让家里人知道 怎么让伤口好得快点", "crisis.cut_self_zh"),  # blind batch K, after it was measured
     ("我又忍不住划了胳膊", "crisis.cut_self_zh"),
+    # blind batch R, after it was measured: cutting with a blade for relief, a man who does not answer
+    # when called several times, lips that look a little blue
+    ("晚上会用小刀割手臂", "crisis.cut_self_zh"),
+    ("心里难受的时候划手臂 划完才觉得轻松", "crisis.cut_self_zh"),
+    ("叫了他好几声都没反应", "unconscious.unresponsive_zh"),
+    ("her lips look kind of bluish", "breathing.cyanosis_en"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
