@@ -14,6 +14,8 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
    to someone who is only low costs little, a missed one can cost a life);
 2. otherwise danger >= ``danger_net`` sets a safety net: whatever is decided below goes
    out with a line naming the warning signs and when to call 120 (safety/safety_net.py);
+   below ``danger_answer`` the answer step reads p(answer) among the non-danger labels,
+   p(answer) / (1 - danger), since the net line already speaks to the danger;
 3. a rule greeting, or the head's greeting >= ``greeting``;
 4. the head's handoff >= ``handoff`` (the rule handoff is handled before encoding);
 5. a scope rule -> refer_doctor with the rule's specific reply;
@@ -54,6 +56,13 @@ class DecisionConfig:
     danger_full: float = 0.8
     crisis_full: float = 0.5
     danger_net: float = 0.12
+    #: Danger below which a safety-netted message is answered when p(answer) among the labels other
+    #: than emergency and crisis, p(answer) / (1 - danger), reaches ``answer``. Chosen on the
+    #: development files (blind A-R, safety, dev, real set 4): 16 answerable questions gained (bee
+    #: and wasp stings, a small scald, a child's 38 °C fever, morning sickness), none lost; at or
+    #: above 0.6 were a bleeding cut that will not stop, a child who bit a laundry pod and a bleeding
+    #: gum half an hour on: these keep the no_answer with the net.
+    danger_answer: float = 0.6
     greeting: float = 0.6
     handoff: float = 0.6
     out_of_scope: float = 0.6
@@ -152,7 +161,10 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
     if names_medicine:
         return out(Intent.REFER_DOCTOR, "medicine")
     topic_stands = scope_gap is None and off_topic is None and retrieval_confidence >= min_confidence
-    if probs["answer"] < cfg.answer:  # P(fit) is reported only with an offer: no topic is in play otherwise
+    # Below ``danger_answer`` the net line answers the danger, and whether the rest is an answer is
+    # judged among the other labels (a bee sting "with no other symptoms" at p(emergency) 0.54)
+    p_answer = probs["answer"] / (1.0 - danger) if net and danger < cfg.danger_answer else probs["answer"]
+    if p_answer < cfg.answer:  # P(fit) is reported only with an offer: no topic is in play otherwise
         offer = topic_stands and topic_fit >= cfg.topic_fit
         return out(Intent.NO_ANSWER, "head", fit=topic_fit if offer else 0.0, offer=offer)
     if scope_gap is not None:

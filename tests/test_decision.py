@@ -39,6 +39,14 @@ def test_possible_danger_keeps_the_answer_and_adds_a_safety_net():
     assert run(probs(emergency=0.05, answer=0.9)).safety_net == ""
 
 
+def test_below_danger_answer_the_answer_is_judged_among_the_non_danger_labels():
+    d = run(probs(emergency=0.45, answer=0.4))  # a bee sting with no other symptoms: 0.4 / 0.55 = 0.73
+    assert d.intent is Intent.ANSWER and d.safety_net == "emergency"
+    d = run(probs(emergency=0.7, answer=0.25))  # 0.25 / 0.3 = 0.83, but danger is likelier than not
+    assert d.intent is Intent.NO_ANSWER and d.safety_net == "emergency"
+    assert run(probs(emergency=0.3, answer=0.3, no_answer=0.3)).intent is Intent.NO_ANSWER  # 0.3 / 0.7 = 0.43
+
+
 def test_an_answer_needs_the_head_retrieval_confidence_and_no_nearer_non_answer_example():
     assert run(probs(answer=0.9)).intent is Intent.ANSWER
     assert run(probs(answer=0.9), confidence=0.3).intent is Intent.NO_ANSWER
