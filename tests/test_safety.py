@@ -125,12 +125,13 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("心里难受的时候划手臂 划完才觉得轻松", "crisis.cut_self_zh"),
     ("叫了他好几声都没反应", "unconscious.unresponsive_zh"),
     ("her lips look kind of bluish", "breathing.cyanosis_en"),
+    ("孩子额头上起了个大包 刚才吐了一次", "head_injury.warning_zh"),  # the bump a knock left (real set 4)
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
 
 
-@pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "切菜又划手了怎么办", "孩子玩刀划手了", "what's the point of this app",
+@pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "切菜又划手了怎么办", "孩子玩刀划手了", "孩子额头起了个包 没吐 精神很好", "what's the point of this app",
                                   "what's the point of stretching before running"])
 def test_drinking_a_lot_and_ordinary_what_is_the_point_are_not_flagged(text):
     assert match_red_flags(text) == []
