@@ -58,10 +58,10 @@ class DecisionConfig:
     danger_net: float = 0.12
     #: Danger below which a safety-netted message is answered when p(answer) among the labels other
     #: than emergency and crisis, p(answer) / (1 - danger), reaches ``answer``. Chosen on the
-    #: development files (blind A-R, safety, dev, real set 4): 16 answerable questions gained (bee
-    #: and wasp stings, a small scald, a child's 38 °C fever, morning sickness), none lost; at or
-    #: above 0.6 were a bleeding cut that will not stop, a child who bit a laundry pod and a bleeding
-    #: gum half an hour on: these keep the no_answer with the net.
+    #: development files (blind A, B, D, H-P, R, safety, dev, real set 4): 16 answerable questions
+    #: gained (bee and wasp stings, a small scald, a child's 38 °C fever, morning sickness), none
+    #: lost; at or above 0.6 were a bleeding cut that will not stop, a child who bit a laundry pod
+    #: and a bleeding gum half an hour on: these keep the no_answer with the net.
     danger_answer: float = 0.6
     greeting: float = 0.6
     handoff: float = 0.6

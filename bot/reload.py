@@ -4,10 +4,12 @@ The folder is polled (every ``interval_s`` seconds) for a change of its files'
 names, sizes and modification times. A changed base is loaded and validated; if
 it is valid, a new retriever is built (only new or changed questions are
 embedded) and swapped in with one assignment, so requests in flight finish on the
-old one. Its topic prior (bot/topic_prior.py) is the old one when the topics are the same
-(an edit of answers or examples); when topics were added or removed, topics are ranked by
-the hybrid score alone until the next start or model reload trains a prior for them
-(training takes seconds of CPU in every serving process). If it is invalid, the old base keeps serving and the problems are logged.
+old one. If it is invalid, the old base keeps serving and the problems are logged.
+
+The new retriever keeps the old topic prior (bot/topic_prior.py) when the topics are the
+same (an edit of answers or examples); when topics were added or removed it ranks by the
+hybrid score alone until the next start or model reload trains a prior for them (training
+takes seconds of CPU in every serving process).
 """
 
 from __future__ import annotations
