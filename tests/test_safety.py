@@ -126,12 +126,18 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("叫了他好几声都没反应", "unconscious.unresponsive_zh"),
     ("her lips look kind of bluish", "breathing.cyanosis_en"),
     ("孩子额头上起了个大包 刚才吐了一次", "head_injury.warning_zh"),  # the bump a knock left (real set 4)
+    # blind batch S, after it was measured
+    ("i was cutting again tonight", "crisis.self_harm_en"),
+    ("he's sweating buckets, his jaw aches and he feels sick", "heart_attack.arm_sweat_en"),
+    ("my 3 year old swallowed a couple of grandma's heart pills", "poisoning.child_medicine_en"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
 
 
-@pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "切菜又划手了怎么办", "孩子玩刀划手了", "孩子额头起了个包 没吐 精神很好", "what's the point of this app",
+@pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "切菜又划手了怎么办", "孩子玩刀划手了", "孩子额头起了个包 没吐 精神很好",
+                                  "my son took his pills this morning, can he eat yogurt",
+                                  "my 4 year old refuses to swallow pills, any tricks", "my jaw aches from grinding at night", "what's the point of this app",
                                   "what's the point of stretching before running"])
 def test_drinking_a_lot_and_ordinary_what_is_the_point_are_not_flagged(text):
     assert match_red_flags(text) == []
