@@ -171,8 +171,10 @@ async def _eval(cfg: Config, args: argparse.Namespace) -> int:
             return 0
         res = await evaluate(dispatcher, rows)
         head, fit = dispatcher.head.report, dispatcher.topic_fit.report
+        prior = dispatcher.retriever.prior.report if dispatcher.retriever.prior is not None else None
     if args.json:
-        print(json.dumps({**res.summary(), "decision_head": head, "topic_fit": fit}, ensure_ascii=False))
+        print(json.dumps({**res.summary(), "decision_head": head, "topic_fit": fit, "topic_prior": prior},
+                         ensure_ascii=False))
     else:
         print(format_report(res))
         print(f"\ndecision head: trained on {head['lines']} lines; on its {head['held_out']} held-out lines accuracy "
@@ -182,6 +184,9 @@ async def _eval(cfg: Config, args: argparse.Namespace) -> int:
         print(f"topic fit: trained on {fit['pairs']} question-topic pairs; on its {fit['held_out']} held-out pairs "
               f"accuracy {fit['held_out_accuracy']:.1%}, expected calibration error {fit['ece']['raw']:.3f} -> "
               f"{fit['ece']['calibrated']:.3f} (temperature {fit['temperature']})")
+        if prior is not None:
+            print(f"topic prior: trained on {prior['lines']} lines; on its {prior['held_out']} held-out lines the "
+                  f"right topic first {prior['held_out_top1']:.1%}")
     if args.misses:
         for m in res.misses:
             print(json.dumps(m, ensure_ascii=False), file=sys.stderr)

@@ -46,3 +46,16 @@ async def test_the_prior_ranks_but_the_reported_scores_stay_the_hybrid_ones(disp
     finally:
         retriever.prior, retriever.results = prior, SearchCache(0)
     assert found.matches[0].score == pytest.approx(alone["digest.bloating"])
+
+
+@requires_model
+def test_healthbot_eval_reports_what_the_prior_was_trained_on(cli_main, tmp_path, capsys):
+    import json
+    labelled = tmp_path / "one.jsonl"
+    labelled.write_text(json.dumps({"q": "吃完饭就胀气 嗝也打不出来", "intent": "answer", "lang": "zh",
+                                    "topics": ["digest.bloating"]}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert cli_main(["eval", "--json", str(labelled)]) == 0
+    prior = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["topic_prior"]
+    assert prior["lines"] > 9000 and 0.5 < prior["held_out_top1"] <= 1.0
+    assert cli_main(["eval", str(labelled)]) == 0
+    assert f"topic prior: trained on {prior['lines']} lines" in capsys.readouterr().out
