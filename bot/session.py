@@ -1,4 +1,4 @@
-"""Conversation state per user: last topic (for follow-up questions), language, no_answer streak.
+"""Conversation state per user: last topic (for follow-up questions), the pending offer, no_answer streak.
 
 Kept in the :class:`~bot.store.Store` under ``session:<channel>:<user>`` (JSON),
 expiring after :data:`SESSION_TTL_S` of silence, so every replica sees it.
@@ -23,7 +23,6 @@ class Session:
     last_topic: str | None = None
     #: the facet of ``last_topic`` last shown (bot/follow_up.py); None for its main answer
     last_facet: str | None = None
-    lang: str | None = None
     #: the topics offered by the last reply ("您是想了解「…」吗？", bot/suggestion.py), best first
     suggested: list[str] = field(default_factory=list)
     #: the language, script and variant of that offer (safety.normalize): a choice such as "2" says none
