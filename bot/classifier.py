@@ -155,12 +155,17 @@ def load_network(cache: Path) -> tuple[Network, float, dict]:
     return net, float(saved["temperature"]), json.loads(str(saved["report"]))
 
 
-def save_network(cache: Path, net: Network, temperature: float, report: dict) -> None:
-    """Write ``cache`` atomically (replicas may share the folder: a temporary file, then a rename)."""
+def save_arrays(cache: Path, **arrays) -> None:
+    """``np.savez`` to ``cache`` atomically (replicas may share the folder: a temporary file, then a rename)."""
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, temperature=temperature, report=json.dumps(report), **net.arrays())
+    np.savez(tmp, **arrays)
     tmp.replace(cache)
+
+
+def save_network(cache: Path, net: Network, temperature: float, report: dict) -> None:
+    """Write ``cache`` atomically (:func:`save_arrays`)."""
+    save_arrays(cache, temperature=temperature, report=json.dumps(report), **net.arrays())
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> Network:

@@ -29,16 +29,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import structlog
 
-from bot.classifier import HELD_OUT, SEED, query_text
-from bot.logs import logged_step
+from bot.classifier import HELD_OUT, SEED, query_text, save_arrays
 from bot.embedding import embed_all
+from bot.logs import logged_step
 from bot.retrieval import Retriever
 from bot.topic_fit import data_rows
 
@@ -133,9 +132,6 @@ class TopicPrior:
             y = np.concatenate([retriever.owners, np.asarray([index[r["topics"][0]] for r in rows], dtype=np.int32)])
             w, b, report = await asyncio.to_thread(fit_prior, x.astype(np.float32), y, len(index))
         if cache:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")  # replicas may share the folder
-            np.savez(tmp, coef=w, intercept=b, report=json.dumps(report))
-            tmp.replace(cache)
+            save_arrays(cache, coef=w, intercept=b, report=json.dumps(report))
         log.info("topic_prior", cached=False, **report)
         return cls(w, b, report)
