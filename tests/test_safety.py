@@ -547,3 +547,20 @@ def test_fifth_round_near_misses_are_not_emergencies(q):
 
 def test_a_three_month_old_still_counts_as_under_three_months_for_fever():
     assert triage("3个月宝宝发烧38度", "zh", CFG).kind == "emergency"
+
+
+@pytest.mark.parametrize("q", [
+    "rolled my ankle playing basketball and it's swollen up like a tennis ball",
+    "my knee is swollen like a golf ball and really painful", "a lump the size of a ping pong ball, sudden and painful",
+    "每天早上漱口都吐出血丝，牙龈一碰就出血", "刷牙的时候吐出来的水带血"])
+def test_a_ball_in_a_simile_and_blood_spat_after_brushing_are_not_emergencies(q):
+    """Found in a blind batch (2026-12-03): "tennis ball" read as the testicles, gum blood spat
+    out after rinsing read as vomiting blood."""
+    assert triage(q, normalize(q).lang, CFG) is None, match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["his balls are swollen and really painful suddenly", "刷完牙以后突然吐了一大口血",
+                               "我爸吐了好多血"])
+def test_the_same_flags_still_catch_the_testicles_and_a_mouthful_of_blood(q):
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "emergency", match_red_flags(q)
