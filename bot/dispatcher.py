@@ -31,7 +31,7 @@ from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
 from bot.dedup import ExactlyOnce, OnceCache, message_key
-from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, follows_topic, more_reply,
+from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, loose_follows, more_reply,
                             plan_follow_up)
 from bot.handoff import HandoffManager
 from bot.intents import (BUSY_REPLY, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY,
@@ -316,7 +316,8 @@ class Dispatcher:
         # a cue inside a short message ("我外公快九十了 老人洗要注意啥"): the topic in context answers when
         # nothing but the head's doubts stands against it and the message follows that topic
         if plan.loose is not None and (d.intent in (Intent.ANSWER, Intent.NO_ANSWER) or d.source == "head" and d.intent in (
-                Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)) and follows_topic(best.score, found.context_score):
+                Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)) and await loose_follows(
+                    retriever, mask_pii(norm.text), context, last.id, best.score, found.context_score):
             return await self._follow_up(inbound, session, last, plan.loose.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"

@@ -28,6 +28,8 @@ import yaml
 
 from bot.knowledge import FACETS, KnowledgeBase, Topic
 from bot.retrieval import Retriever
+from inference.batcher import BusyError, DeadlineExceeded
+from inference.engines.base import EngineError
 
 RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
 
@@ -83,6 +85,59 @@ def follows_topic(best_score: float, context_score: float) -> bool:
     """Whether a message with a facet cue, read with the topic in context, asks about that topic:
     no other topic scores more than :data:`FOLLOW_MARGIN` above it."""
     return best_score - context_score <= FOLLOW_MARGIN
+
+
+#: Retrieval confidence (bot/retrieval.py ``confidence``) at which a message read on its own
+#: names a topic of its own, so that it does not follow another one; and the length from which a
+#: message, the words for who it is for left out, says enough to be read so (characters, or words
+#: for Latin script). Chosen on the follow-up sets and on 902 standalone questions with a facet
+#: cue put after an unrelated topic (evals/README.md, "Follow-up conversations").
+NAMED_CONFIDENCE = 0.8
+NAMING_CHARS = 18
+NAMING_WORDS = 9
+
+
+async def loose_follows(retriever: Retriever, text: str, context: str, topic_id: str, best_score: float,
+                        context_score: float) -> bool:
+    """Whether a short message with a facet cue (:func:`read_loose_follow_up`) asks about the topic
+    in context, given its reading with that topic (``best_score``, ``context_score``). With the
+    words for pregnancy, children or elders blanked out (the subject):
+
+    - a subject of :data:`NAMING_CHARS` characters (:data:`NAMING_WORDS` words) or more that, read
+      on its own, names another topic with confidence :data:`NAMED_CONFIDENCE` is a question of
+      its own ("孩子挑食不爱吃青菜 追着喂都不吃 怎么办" after a stroke answer);
+    - else it follows when no topic is more than :data:`FOLLOW_MARGIN` ahead of the topic in
+      context;
+    - else, when it named who it is for, it follows when the subject does not name another topic
+      on its own and, read with the topic, puts none more than :data:`FOLLOW_MARGIN` ahead: the
+      words for a population pull toward the topics about it (pregnancy diet, infant feeding),
+      which "what if ur pregnant? just found out lol" does not ask about.
+
+    Args:
+        text: the normalized message (PII masked).
+        context: the title of the topic in context; ``topic_id`` its id.
+
+    Returns False when the encoder cannot serve (busy, past its deadline, no engine): the
+    message is then answered from its own reading.
+    """
+    subject = " ".join(without_population(text).split())
+    if not subject:  # nothing but who it is for: "孕妇呢" with more words around the cue
+        return True
+    naming = (len(subject.split()) >= NAMING_WORDS if subject.isascii()
+              else len(subject.replace(" ", "")) >= NAMING_CHARS)
+    try:
+        if naming or not follows_topic(best_score, context_score):
+            alone = (await retriever.search(subject)).matches[0]
+            if alone.topic_id != topic_id and alone.confidence >= NAMED_CONFIDENCE:
+                return False
+        if follows_topic(best_score, context_score):
+            return True
+        if subject == " ".join(text.split()):
+            return False
+        found = await retriever.search(subject, context=context, context_topic=topic_id)
+    except (BusyError, DeadlineExceeded, EngineError):
+        return False
+    return follows_topic(found.matches[0].score, found.context_score)
 
 
 def plan_follow_up(text: str, last: Topic | None, retriever: Retriever) -> FollowUpPlan:
@@ -189,6 +244,14 @@ def without_cues(text: str) -> str:
     for _, pattern in rules.loose:
         text = pattern.sub(" ", text)
     return rules.more_loose.sub(" ", text)
+
+
+def without_population(text: str) -> str:
+    """``text`` with the cues of who it is for (pregnancy, children, elders) blanked out."""
+    for name, pattern in _rules().loose:
+        if name in POPULATION_FACETS:
+            text = pattern.sub(" ", text)
+    return text
 
 
 def is_follow_up(text: str) -> bool:

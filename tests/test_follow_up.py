@@ -143,6 +143,27 @@ async def test_a_facet_follow_up_answers_the_facet_of_the_topic_in_context(dispa
     assert topic.facets["elders"]["zh"][:20] in elders.text
 
 
+@pytest.mark.parametrize("first, topic, second", [
+    ("is 3 cups of coffee a day too much?", "nutri.coffee", "what if ur pregnant? just found out lol"),
+    ("Do I really need sunscreen every day even when it's cloudy?", "habit.sun",
+     "safe to use when pregnant? heard the chemical ones r bad")])
+async def test_a_follow_up_that_names_who_it_is_for_gets_that_facet_of_the_topic(dispatcher, first, topic, second):
+    """Read whole, "pregnant" pulls these toward the pregnancy-diet topics; with that word blanked
+    out nothing else is named, so the topic in context answers (bot/follow_up.py loose_follows)."""
+    user = f"who-{topic}"
+    assert (await dispatcher.handle(_msg(user, 1, first))).topic == topic
+    reply = await dispatcher.handle(_msg(user, 2, second))
+    assert reply.topic == topic and dispatcher.kb.topics[topic].facets["pregnancy"]["en"][:30] in reply.text
+
+
+async def test_a_longer_question_of_its_own_is_not_taken_for_a_follow_up_of_the_last_topic(dispatcher):
+    """It has a facet cue (食疗: diet) but, read on its own, names constipation: it is answered as
+    itself, not as the diet facet of the older-parent topic answered before it."""
+    assert (await dispatcher.handle(_msg("own1", 1, "我妈一个人住在老家 我在外地 怎么照看她"))).topic == "family.living_alone"
+    reply = await dispatcher.handle(_msg("own1", 2, "三四天才解一次大便 又干又硬 不想吃药 有没有食疗"))
+    assert reply.topic == "digest.constipation", reply
+
+
 @pytest.mark.parametrize("name, floor", [("follow_ups.jsonl", 0.80), ("follow_ups_2.jsonl", 0.70)])
 async def test_the_follow_up_conversation_sets_get_the_facet_and_never_the_same_answer(dispatcher, name, floor):
     """Two-turn conversations written blind from the catalogue (evals/README.md): the second turn
