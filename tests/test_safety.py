@@ -564,3 +564,31 @@ def test_a_ball_in_a_simile_and_blood_spat_after_brushing_are_not_emergencies(q)
 def test_the_same_flags_still_catch_the_testicles_and_a_mouthful_of_blood(q):
     result = triage(q, normalize(q).lang, CFG)
     assert result is not None and result.kind == "emergency", match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", [
+    "最近总觉得自己是家里的拖累 东西都送得差不多了 想问问有什么养生的 其实也用不上了", "最近总觉得自己是家里的拖累",
+    "东西都送得差不多了 以后也用不上了", "i feel like such a burden to my family", "I'm just a burden to everyone"])
+def test_feeling_a_burden_or_giving_things_away_gets_the_crisis_reply(q):
+    """NHS warning signs of suicide; the first line, from blind batch U (2026-12-03), had lost its
+    crisis safety net when the decision head was retrained."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "crisis", match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["照顾老人负担很重 怎么减压", "家里负担重 压力大 睡不着", "孩子的衣服都送人了 小了穿不上",
+                               "the burden of caring for my dad is exhausting", "is caring for my mum a burden on my health"])
+def test_a_burden_that_is_not_oneself_is_not_a_crisis(q):
+    assert triage(q, normalize(q).lang, CFG) is None, match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["孩子把洗衣凝珠咬破了 好像吃进去一点 怎么办", "宝宝把纽扣电池咬开了"])
+def test_a_child_biting_open_a_pod_or_a_battery_is_poisoning(q):
+    """Blind batch U (2026-12-03): the laundry pod was answered with the child-safety topic."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "emergency" and "poisoning" in match_red_flags(q)[0], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["洗衣凝珠怎么放在孩子拿不到的地方", "洗衣液洗衣服对皮肤不好吗"])
+def test_household_products_without_swallowing_are_not_poisoning(q):
+    assert triage(q, normalize(q).lang, CFG) is None, match_red_flags(q)
