@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bot.classifier import LABELS, expected_calibration_error, fit_head
+from bot.classifier import LABELS, MEMBERS, expected_calibration_error, fit_head
 from bot.decision import DecisionConfig, decide
 from bot.types import Intent
 from safety.safety_net import safety_net
@@ -92,7 +92,7 @@ def test_training_is_deterministic_and_the_report_says_how_calibrated_it_is():
     a, b = fit_head(x, y), fit_head(x, y)
     np.testing.assert_array_equal(a[0].w1, b[0].w1)
     net, temperature, report = a
-    assert net.w1.shape == (16, 256) and net.logits(x[:3]).shape == (3, len(LABELS))
+    assert net.w1.shape == (16, 256 * MEMBERS) and net.logits(x[:3]).shape == (3, len(LABELS))
     assert report["held_out"] == 64 and set(report["recall"]) == set(LABELS)
     assert report["log_loss"]["calibrated"] <= report["log_loss"]["raw"] + 1e-9
     assert 0.0 <= report["ece"]["calibrated"] <= 1.0 and temperature > 0
