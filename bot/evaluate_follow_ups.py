@@ -97,7 +97,7 @@ def _given(dispatcher: Dispatcher, topic, facet: str, lang: str, first: str, sec
         return _contains(second.text, topic.see_doctor[lang]) and not _contains(second.text, topic.answer[lang])
     if facet in topic.facet_topics:
         return _contains(second.text, dispatcher.kb.topics[topic.facet_topics[facet]].answer[lang])
-    return facet in topic.facets and _contains(second.text, topic.facets[facet][lang])
+    return facet in topic.facets and _contains(second.text, topic.facet_text(facet, lang))
 
 
 async def evaluate_follow_ups(dispatcher: Dispatcher, rows: list[dict]) -> FollowUpResult:

@@ -96,6 +96,17 @@ class Topic:
         names = [s.name[lang] for s in self.sources if s.cited_for(facet)]
         return ("；" if lang == "zh" else "; ").join(names)
 
+    def facet_text(self, facet: str, lang: str) -> str:
+        """``facet``'s text in ``lang`` as the reply shows it: without a lead that repeats the
+        heading the reply already puts in front ("Pregnancy and breastfeeding: 1. …").
+
+        Raises:
+            KeyError: the topic has no such facet.
+        """
+        text = self.facets[facet][lang]
+        lead = f"{FACETS[facet][lang]}{'：' if lang == 'zh' else ':'}"
+        return text[len(lead):].lstrip() if text.lower().startswith(lead.lower()) else text
+
     def render(self, lang: str, facet: str | None = None) -> str:
         """The reply body in ``lang``, no disclaimer: the main answer, or ``facet``'s text under
         its heading, then when to see a doctor and the sources.
@@ -106,9 +117,9 @@ class Topic:
         names = self.source_names(lang, facet)
         body = self.answer[lang]
         if facet is not None:
-            heading = FACETS[facet][lang]
-            body = (f"【{self.title['zh']}·{heading}】{self.facets[facet]['zh']}" if lang == "zh"
-                    else f"{self.title['en']}, {heading.lower()}: {self.facets[facet]['en']}")
+            heading, text = FACETS[facet][lang], self.facet_text(facet, lang)
+            body = (f"【{self.title['zh']}·{heading}】{text}" if lang == "zh"
+                    else f"{self.title['en']}, {heading.lower()}: {text}")
         if lang == "zh":
             return f"{body}\n【何时就医】{self.see_doctor['zh']}\n【来源】{names}"
         return f"{body}\nWhen to see a doctor: {self.see_doctor['en']}\nSource: {names}"

@@ -60,6 +60,15 @@ def test_a_facet_reply_is_the_facet_not_the_main_answer():
     assert found and "发烧不退请就医" in body and "主要建议" not in body
 
 
+def test_a_facet_text_that_opens_with_its_heading_does_not_repeat_it():
+    """A clean clone showed "Coffee, pregnancy and breastfeeding: Pregnancy and breastfeeding: 1. …"."""
+    topic = _topic(pregnancy={"zh": "孕期和哺乳期：1. 少喝咖啡。", "en": "Pregnancy and breastfeeding: 1. Less coffee."})
+    body, _ = facet_reply(topic, "pregnancy", "en")
+    assert body.startswith("Demo, pregnancy and breastfeeding: 1. Less coffee.") and body.count("reastfeeding") == 1
+    body, _ = facet_reply(topic, "pregnancy", "zh")
+    assert "】1. 少喝咖啡。" in body and body.count("孕期和哺乳期") == 1
+
+
 def test_a_missing_facet_is_said_honestly_with_what_the_topic_has():
     topic = _topic(diet={"zh": "多喝水。", "en": "Drink water."})
     body, found = facet_reply(topic, "pregnancy", "zh")
@@ -138,9 +147,9 @@ async def test_a_facet_follow_up_answers_the_facet_of_the_topic_in_context(dispa
     assert first.topic == topic.id
     diet = await dispatcher.handle(_msg("facet1", 3, "那饮食上呢"))
     assert diet.intent is Intent.ANSWER and diet.topic == topic.id
-    assert topic.facets["diet"]["zh"][:20] in diet.text and topic.answer["zh"][:20] not in diet.text
+    assert topic.facet_text("diet", "zh")[:20] in diet.text and topic.answer["zh"][:20] not in diet.text
     elders = await dispatcher.handle(_msg("facet1", 4, "老人呢"))
-    assert topic.facets["elders"]["zh"][:20] in elders.text
+    assert topic.facet_text("elders", "zh")[:20] in elders.text
 
 
 @pytest.mark.parametrize("first, topic, second", [
@@ -153,7 +162,7 @@ async def test_a_follow_up_that_names_who_it_is_for_gets_that_facet_of_the_topic
     user = f"who-{topic}"
     assert (await dispatcher.handle(_msg(user, 1, first))).topic == topic
     reply = await dispatcher.handle(_msg(user, 2, second))
-    assert reply.topic == topic and dispatcher.kb.topics[topic].facets["pregnancy"]["en"][:30] in reply.text
+    assert reply.topic == topic and dispatcher.kb.topics[topic].facet_text("pregnancy", "en")[:30] in reply.text
 
 
 async def test_a_longer_question_of_its_own_is_not_taken_for_a_follow_up_of_the_last_topic(dispatcher):
