@@ -125,12 +125,13 @@ async def loose_follows(retriever: Retriever, text: str, context: str, topic_id:
         return True
     naming = (len(subject.split()) >= NAMING_WORDS if subject.isascii()
               else len(subject.replace(" ", "")) >= NAMING_CHARS)
+    near = follows_topic(best_score, context_score)
     try:
-        if naming or not follows_topic(best_score, context_score):
+        if naming or not near:
             alone = (await retriever.search(subject)).matches[0]
             if alone.topic_id != topic_id and alone.confidence >= NAMED_CONFIDENCE:
                 return False
-        if follows_topic(best_score, context_score):
+        if near:
             return True
         if subject == " ".join(text.split()):
             return False
@@ -238,20 +239,22 @@ def read_loose_follow_up(text: str) -> FollowUp | None:
     return FollowUp(None) if rules.more_loose.search(text) else None
 
 
+def _blank(text: str, facets: frozenset[str] | None = None) -> str:
+    """``text`` with the loose cues of ``facets`` (None: every facet) blanked out."""
+    for name, pattern in _rules().loose:
+        if facets is None or name in facets:
+            text = pattern.sub(" ", text)
+    return text
+
+
 def without_cues(text: str) -> str:
     """``text`` with every facet and "more" cue blanked out: what is left names the subject, if any."""
-    rules = _rules()
-    for _, pattern in rules.loose:
-        text = pattern.sub(" ", text)
-    return rules.more_loose.sub(" ", text)
+    return _rules().more_loose.sub(" ", _blank(text))
 
 
 def without_population(text: str) -> str:
     """``text`` with the cues of who it is for (pregnancy, children, elders) blanked out."""
-    for name, pattern in _rules().loose:
-        if name in POPULATION_FACETS:
-            text = pattern.sub(" ", text)
-    return text
+    return _blank(text, POPULATION_FACETS)
 
 
 def is_follow_up(text: str) -> bool:
