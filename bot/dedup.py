@@ -10,13 +10,19 @@ A message is known by :func:`message_key` (channel, user, message id). Finished 
 are kept in the store (:class:`ExactlyOnce`, ``reply:<channel>:<user>:<id>``), so that a
 retry reaching another replica, or arriving after the computation ended, gets the same
 reply.
+
+A message's other state (the user's handoff, session, transcript) is read with the lookup of
+its reply, in one round trip, and written with its reply, in one (:class:`MessageState`):
+four store round trips a message (read, claim, rate token, write) instead of about ten
+(docs/loadtest.md, "One read and one write a message").
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable, Generic, Hashable, TypeVar
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Generic, Hashable, Sequence, TypeVar
 
 import structlog
 
@@ -46,6 +52,38 @@ def message_key(inbound: Inbound) -> str:
     same id gets their own reply, never the first user's.
     """
     return f"{inbound.channel}:{inbound.user_id}:{inbound.message_id}"
+
+
+@dataclass
+class MessageState:
+    """What one message reads from the store and what it will write, for :meth:`ExactlyOnce.run`.
+
+    Attributes:
+        values: the value at each key read (None where absent).
+        error: why the read failed (the store is down); :meth:`get` raises it.
+        writes: ``(operation, key, value, ttl_s)`` to write with the reply; ``operation`` names it
+            in ``store.unavailable`` (bot/store/health.py) if the write fails.
+    """
+
+    values: dict[str, str | None] = field(default_factory=dict)
+    error: StoreError | None = None
+    writes: list[tuple[str, str, str, float | None]] = field(default_factory=list)
+
+    def get(self, key: str) -> str | None:
+        """The value read at ``key`` (None: absent), as written by :meth:`set` since.
+
+        Raises:
+            StoreError: the read failed.
+            KeyError: ``key`` was not among the keys read (a programming error).
+        """
+        if self.error is not None:
+            raise self.error
+        return self.values[key]
+
+    def set(self, operation: str, key: str, value: str, ttl_s: float | None) -> None:
+        """Write ``value`` at ``key`` with the reply (a later write of the same key replaces it)."""
+        self.writes = [w for w in self.writes if w[1] != key] + [(operation, key, value, ttl_s)]
+        self.values[key] = value
 
 
 class OnceCache(Generic[T]):
@@ -85,7 +123,8 @@ class ExactlyOnce:
         #: Finished replies this process could not store (the store failed): dedup in memory.
         self.replies_here: LocalCache[str, str] = LocalCache()
 
-    async def run(self, inbound: Inbound, compute: Callable[[], Awaitable[Reply]]) -> Reply:
+    async def run(self, inbound: Inbound, compute: Callable[[MessageState], Awaitable[Reply]],
+                  reads: Sequence[str] = ()) -> Reply:
         """Exactly once across replicas: the replica that claims the message computes it.
 
         The claim (``dedup:<channel>:<user>:<id>``, :data:`CLAIM_TTL_S`) and the finished reply
@@ -94,28 +133,40 @@ class ExactlyOnce:
         loses the claim waits up to :data:`REPLICA_WAIT_S` for the winner's reply, then
         answers nothing (the winner delivers it). A claim whose holder died expires, and
         a later delivery computes again. If the store fails, the message is computed here.
+
+        Args:
+            reads: further keys ``compute`` reads; they are read with the stored reply in one
+                round trip and given to ``compute`` as a :class:`MessageState`, whose writes are
+                made with the reply in one.
         """
         key = message_key(inbound)
         reply_key = f"reply:{key}"
+        values: list[str | None] | None = None
         try:
-            stored = await self.store.get(reply_key)
+            stored, *values = await self.store.get_many([reply_key, *reads])
             if stored is not None:
                 return Reply.from_json(stored)
             claimed = await self.store.set_if_absent(f"dedup:{key}", "1", CLAIM_TTL_S)
-        except StoreError as exc:
+        except StoreError as exc:  # nothing answers, or it reads but cannot write (disk full, read-only)
             store_unavailable("dedup", exc)
             here = self.replies_here.get(reply_key)
             if here is not None:
                 return Reply.from_json(here)
-            reply = await compute()
+            state = MessageState(error=exc) if values is None else MessageState(dict(zip(reads, values)))
+            reply = await compute(state)
             self.replies_here.set(reply_key, reply.to_json(), REPLY_TTL_S)
+            for operation, *_ in state.writes:  # not tried: the claim, a write, has just failed
+                store_unavailable(operation, exc)
             return reply
         if claimed:
-            reply = await compute()
+            state = MessageState(dict(zip(reads, values)))
+            reply = await compute(state)
             try:
-                await self.store.set(reply_key, reply.to_json(), REPLY_TTL_S)
+                await self.store.set_many([(reply_key, reply.to_json(), REPLY_TTL_S),
+                                           *((k, v, ttl) for _, k, v, ttl in state.writes)])
             except StoreError as exc:
-                store_unavailable("dedup", exc)
+                for operation in {"dedup", *(w[0] for w in state.writes)}:
+                    store_unavailable(operation, exc)
                 self.replies_here.set(reply_key, reply.to_json(), REPLY_TTL_S)
             return reply
         deadline = time.monotonic() + REPLICA_WAIT_S

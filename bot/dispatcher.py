@@ -30,7 +30,7 @@ from bot import metrics
 from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
-from bot.dedup import ExactlyOnce, OnceCache, message_key
+from bot.dedup import ExactlyOnce, MessageState, OnceCache, message_key
 from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, loose_follows, more_reply,
                             plan_follow_up)
 from bot.handoff import HandoffManager
@@ -127,18 +127,29 @@ class Dispatcher:
         """
         computed = False
 
-        def compute():
+        def compute(state: MessageState):
             nonlocal computed
             computed = True
-            return self._timed(inbound)
+            return self._timed(inbound, state)
 
+        reads = (self.handoff.session_key(inbound.channel, inbound.user_id),
+                 self.sessions.key(inbound.channel, inbound.user_id),
+                 self.handoff.turns_key(inbound.channel, inbound.user_id))
         try:
-            return await self.once.run(message_key(inbound), lambda: self.exactly_once.run(inbound, compute))
+            return await self.once.run(message_key(inbound), lambda: self.exactly_once.run(inbound, compute, reads))
         finally:
             if not computed:  # answered by an in-flight or stored computation
                 metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
 
-    async def _timed(self, inbound: Inbound) -> Reply:
+    def _read(self, state: MessageState, operation: str, key: str) -> str | None:
+        """``state``'s value at ``key``; None if the store failed (the outage reported as ``operation``)."""
+        try:
+            return state.get(key)
+        except StoreError as exc:
+            store_unavailable(operation, exc)
+            return None
+
+    async def _timed(self, inbound: Inbound, state: MessageState) -> Reply:
         """``_decide`` plus one log line and the request metrics (bot/metrics.py) per computed message.
 
         The line (event ``reply``) carries ``request_id`` (bound here when the channel
@@ -150,7 +161,7 @@ class Dispatcher:
             metrics.REQUESTS_IN_FLIGHT.inc()
             start = time.perf_counter()
             try:
-                reply, extra = await self._decide(inbound)
+                reply, extra = await self._decide(inbound, state)
             except Exception as exc:
                 latency_s = time.perf_counter() - start
                 metrics.observe_request(inbound.channel, "error", latency_s)
@@ -167,10 +178,11 @@ class Dispatcher:
             metrics.observe_request(inbound.channel, outcome, latency_s)
             metrics.record_safety(reply.intent.value, extra)
             metrics.record_offer(extra)
-            if inbound.kind is MessageKind.TEXT and inbound.text:  # both turns in one read and one write
+            if inbound.kind is MessageKind.TEXT and inbound.text:  # both turns, written with the reply
                 turns = [("user", inbound.text)] + ([("bot", reply.text)] if reply.text else [])
-                await self._without_store("transcript", self.handoff.record_turns(
-                    inbound.channel, inbound.user_id, *turns), None)
+                kept = self._read(state, "transcript", self.handoff.turns_key(inbound.channel, inbound.user_id))
+                if state.error is None:
+                    state.set("transcript", *self.handoff.with_turns(inbound.channel, inbound.user_id, kept, *turns))
             log.info("reply", channel=inbound.channel, user=pseudonym(inbound.user_id), message_id=inbound.message_id,
                      intent=reply.intent.value, topic=reply.topic, confidence=round(reply.confidence, 3),
                      engine=reply.engine, input_chars=len(inbound.text), latency_ms=round(latency_ms, 2),
@@ -178,7 +190,7 @@ class Dispatcher:
             self.unanswered.record(self.store, inbound, reply, extra)  # in the background; never fails
             return reply
 
-    async def _decide(self, inbound: Inbound) -> tuple[Reply, dict[str, Any]]:
+    async def _decide(self, inbound: Inbound, state: MessageState) -> tuple[Reply, dict[str, Any]]:
         text = inbound.text or ""
         norm = normalize(text)
         # A message with no words (a follow event, a photo) says nothing about the
@@ -205,9 +217,9 @@ class Dispatcher:
             return out(intent_reply(Intent.GREETING, lang), Intent.GREETING), {}
         if inbound.kind is MessageKind.EVENT:
             return Reply("", Intent.SYSTEM, lang), {}
+        in_handoff = self.handoff.active_in(self._read(state, "handoff_active", self.handoff.session_key(
+            inbound.channel, inbound.user_id)))
         if inbound.kind is MessageKind.UNSUPPORTED:
-            in_handoff = await self._without_store("handoff_active", self.handoff.active(
-                inbound.channel, inbound.user_id), None)
             if in_handoff is not None:  # agents see that something was sent; the bot stays silent
                 await self._without_store("handoff_relay", self.handoff.user_message(
                     in_handoff, f"[{inbound.raw.get('type') or 'attachment'}]"), None)
@@ -219,8 +231,6 @@ class Dispatcher:
             return out(intent_reply(Intent.GREETING, lang), Intent.GREETING), {}
 
         urgent = triage(norm.text, lang, self.cfg.safety)
-        in_handoff = await self._without_store("handoff_active", self.handoff.active(
-            inbound.channel, inbound.user_id), None)
         if urgent is None and is_end_handoff(norm):  # "结束人工", "end chat": the bot takes the chat back
             ended = in_handoff is not None and await self._without_store("handoff_end", self.handoff.end(
                 inbound.channel, inbound.user_id, by="user"), None)
@@ -238,18 +248,18 @@ class Dispatcher:
             return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
         session: Session | None = None
         if (choice := answer_to_offer(norm.text)) is not None:  # "是", "2", "不是" to the topics last offered
-            session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
-                                                Session())
+            session = self.sessions.parse(self._read(state, "session_get", self.sessions.key(
+                inbound.channel, inbound.user_id)))
             offered = [self.kb.topics[t] for t in session.suggested if t in self.kb.topics]
             if len(session.offer_form) == 3:  # the reply follows the last offer's language and script
                 lang, script, variant = session.offer_form
                 norm = dataclasses.replace(norm, script=script, variant=variant)
             if 0 <= choice < len(offered):
-                return await self._send_topic(inbound, session, offered[choice], lang, out, {"decided_by": "suggestion"})
+                return self._send_topic(inbound, state, session, offered[choice], lang, out, {"decided_by": "suggestion"})
             if choice == DECLINED:  # a bare "不是" is no question: ask for one rather than read it as one
                 if offered:
                     session.suggested = []
-                    await self._save_session(inbound, session)
+                    self._save_session(inbound, state, session)
                 return out(ask_again_reply(lang), Intent.NO_ANSWER), {"decided_by": "suggestion", "offer": "declined"}
         intent = rule_intent(norm)
         if intent is None and is_abuse(norm):
@@ -260,15 +270,15 @@ class Dispatcher:
         referral = care_team_reply(norm, lang)
         retriever, head, topic_fit = self.retriever, self.head, self.topic_fit  # one model per message: bot/model_reload.py
         if session is None:
-            session = await self._without_store("session_get", self.sessions.get(inbound.channel, inbound.user_id),
-                                                Session())
+            session = self.sessions.parse(self._read(state, "session_get", self.sessions.key(
+                inbound.channel, inbound.user_id)))
         last = retriever.kb.topics.get(session.last_topic or "")
         plan = (plan_follow_up(norm.text, last, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
         if plan.ask_back:  # a follow-up with nothing before it: ask, don't guess
             return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}
         if plan.facet is not None:  # "那饮食上呢": the topic in context answers, or says honestly it can't
-            return await self._follow_up(inbound, session, last, plan.facet.facet, lang, out)
+            return self._follow_up(inbound, state, session, last, plan.facet.facet, lang, out)
         # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
         context = last.title[lang] if plan.with_context else None
         try:
@@ -318,7 +328,7 @@ class Dispatcher:
         if plan.loose is not None and (d.intent in (Intent.ANSWER, Intent.NO_ANSWER) or d.source == "head" and d.intent in (
                 Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)) and await loose_follows(
                     retriever, mask_pii(norm.text), context, last.id, best.score, found.context_score):
-            return await self._follow_up(inbound, session, last, plan.loose.facet, lang, reply, hint=True)
+            return self._follow_up(inbound, state, session, last, plan.loose.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"
                     else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', *self._contacts(lang))[1]}")
@@ -340,7 +350,7 @@ class Dispatcher:
                                          if retriever.scope.uncovered(norm.text, m.topic_id) is None] if d.offer else []
             session.no_answer_streak += 1
             session.suggested, session.offer_form = offered, [lang, norm.script, norm.variant] if offered else []
-            await self._save_session(inbound, session)
+            self._save_session(inbound, state, session)
             if offered:
                 return reply(suggestion_reply([retriever.kb.topics[t] for t in offered], lang), Intent.NO_ANSWER,
                              confidence=d.fit, suggested=tuple(offered)), {**notes, "suggested": offered}
@@ -351,14 +361,14 @@ class Dispatcher:
             # the follow-up found the topic it follows: what else to ask, not the same answer again
             return reply(more_reply(topic, lang), Intent.ANSWER, topic=topic.id,
                          confidence=d.fit), {**notes, "follow_up": "more"}
-        return await self._send_topic(inbound, session, topic, lang, reply, notes, confidence=d.fit)
+        return self._send_topic(inbound, state, session, topic, lang, reply, notes, confidence=d.fit)
 
-    async def _send_topic(self, inbound: Inbound, session: Session, topic: Topic, lang: str, out, notes: dict,
-                          confidence: float = 1.0) -> tuple[Reply, dict]:
+    def _send_topic(self, inbound: Inbound, state: MessageState, session: Session, topic: Topic, lang: str, out,
+                    notes: dict, confidence: float = 1.0) -> tuple[Reply, dict]:
         """``topic``'s answer, remembered as the topic in context. ``confidence``: P(fit), or 1.0
         where the user chose the topic (a yes to an offer)."""
         session.last_topic, session.last_facet, session.suggested, session.no_answer_streak = topic.id, None, [], 0
-        await self._save_session(inbound, session)
+        self._save_session(inbound, state, session)
         return out(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=confidence), notes
 
     async def _handoff(self, inbound: Inbound, agents: bool, out, lang: str, source: str) -> tuple[Reply, dict]:
@@ -373,19 +383,20 @@ class Dispatcher:
                                                                           "decided_by": source}
         return out(intent_reply(Intent.HANDOFF, lang), Intent.HANDOFF, handoff=True), {"decided_by": source}
 
-    async def _follow_up(self, inbound: Inbound, session: Session, topic: Topic, facet: str | None, lang: str,
-                         out, hint: bool = False) -> tuple[Reply, dict]:
+    def _follow_up(self, inbound: Inbound, state: MessageState, session: Session, topic: Topic, facet: str | None,
+                   lang: str, out, hint: bool = False) -> tuple[Reply, dict]:
         """``facet`` of the topic in context ("那饮食上呢"): its text, the topic that answers it, or an
         honest "nothing specific here"; for "还有呢" (``None``) what else can be asked."""
         topic, facet, body, found = follow_up_reply(self.kb, topic, facet, lang, hint)
         if found:
             session.last_topic, session.last_facet, session.suggested = topic.id, facet, []
-            await self._save_session(inbound, session)
+            self._save_session(inbound, state, session)
         return (out(body, Intent.ANSWER if found else Intent.NO_ANSWER, topic=topic.id, confidence=1.0 if found else 0.0),
                 {"follow_up": facet or "more", "decided_by": "follow_up", **({} if found else {"facet": "missing"})})
 
-    async def _save_session(self, inbound: Inbound, session: Session) -> None:
-        await self._without_store("session_save", self.sessions.save(inbound.channel, inbound.user_id, session), None)
+    def _save_session(self, inbound: Inbound, state: MessageState, session: Session) -> None:
+        """Write ``session`` back with the reply (bot/dedup.py)."""
+        state.set("session_save", *self.sessions.dump(inbound.channel, inbound.user_id, session))
 
     def _contacts(self, lang: str) -> tuple[str, str]:
         """(the emergency number, the crisis line) in ``lang``, from the ``safety`` config."""

@@ -136,22 +136,48 @@ class HandoffManager:
         if notify_user is not None:
             self._notifiers[channel] = notify_user
 
+    @staticmethod
+    def turns_key(channel: str, user_id: str) -> str:
+        """The store key of the user's last turns."""
+        return f"turns:{channel}:{user_id}"
+
+    @staticmethod
+    def session_key(channel: str, user_id: str) -> str:
+        """The store key of the user's handoff."""
+        return f"handoff:{channel}:{user_id}"
+
+    def with_turns(self, channel: str, user_id: str, kept: str | None,
+                   *turns: tuple[str, str]) -> tuple[str, str, float]:
+        """``(key, value, ttl_s)`` that write the turns ``kept`` (as stored, or None) followed by
+        ``turns``, each ``(who, text)`` with who ``"user"`` or ``"bot"``, masked, the last
+        :data:`TRANSCRIPT_TURNS` of them."""
+        lines = (json.loads(kept or "[]") + [f"{who}: {mask_bot_text(text) if who == 'bot' else mask_pii(text)}"
+                                             for who, text in turns])[-TRANSCRIPT_TURNS:]
+        return self.turns_key(channel, user_id), json.dumps(lines, ensure_ascii=False), self.idle_timeout_s
+
     async def record_turns(self, channel: str, user_id: str, *turns: tuple[str, str]) -> None:
-        """Remember ``turns``, each ``(who, text)`` with who ``"user"`` or ``"bot"``, for a later
-        handoff transcript (masked), in one read and one write of the store.
+        """Remember ``turns`` (as in :meth:`with_turns`) for a later handoff transcript, in one read
+        and one write of the store.
 
         Raises:
             StoreError: the store failed (the turns are not kept).
         """
-        key = f"turns:{channel}:{user_id}"
-        kept = json.loads(await self.store.get(key) or "[]")
-        kept = (kept + [f"{who}: {mask_bot_text(text) if who == 'bot' else mask_pii(text)}"
-                        for who, text in turns])[-TRANSCRIPT_TURNS:]
-        await self.store.set(key, json.dumps(kept, ensure_ascii=False), ttl_s=self.idle_timeout_s)
+        key = self.turns_key(channel, user_id)
+        await self.store.set(*self.with_turns(channel, user_id, await self.store.get(key), *turns))
+
+    def active_in(self, raw: str | None) -> HandoffSession | None:
+        """The active handoff stored as ``raw`` (the value at :meth:`session_key`), or None (none,
+        ended, or idle past the timeout)."""
+        if raw is None:
+            return None
+        s = HandoffSession(**json.loads(raw))
+        if s.state != "active" or time.time() - s.last_activity > self.idle_timeout_s:
+            return None
+        return s
 
     async def save(self, s: HandoffSession) -> None:
         """Write ``s`` back (after a relay or adapter changed it)."""
-        await self.store.set(f"handoff:{s.channel}:{s.user_id}", json.dumps(dataclasses.asdict(s), ensure_ascii=False),
+        await self.store.set(self.session_key(s.channel, s.user_id), json.dumps(dataclasses.asdict(s), ensure_ascii=False),
                              ttl_s=self.idle_timeout_s if s.state == "active" else 60.0)
 
     async def active(self, channel: str, user_id: str) -> HandoffSession | None:
@@ -160,13 +186,7 @@ class HandoffManager:
         Raises:
             StoreError: the store failed (whether the user is in handoff is unknown).
         """
-        raw = await self.store.get(f"handoff:{channel}:{user_id}")
-        if raw is None:
-            return None
-        s = HandoffSession(**json.loads(raw))
-        if s.state != "active" or time.time() - s.last_activity > self.idle_timeout_s:
-            return None
-        return s
+        return self.active_in(await self.store.get(self.session_key(channel, user_id)))
 
     async def _index(self, add: tuple[str, str] | None = None, remove: tuple[str, str] | None = None) -> list:
         index = [tuple(k) for k in json.loads(await self.store.get("handoff:index") or "[]")]
@@ -188,7 +208,7 @@ class HandoffManager:
         existing = await self.active(channel, user_id)
         if existing:
             return existing
-        turns = json.loads(await self.store.get(f"turns:{channel}:{user_id}") or "[]")
+        turns = json.loads(await self.store.get(self.turns_key(channel, user_id)) or "[]")
         s = HandoffSession(channel, user_id, chat_id, reason, turns)
         relay = self._relays.get(channel)
         if relay is not None:
@@ -249,6 +269,6 @@ class HandoffManager:
 
     async def forget(self, channel: str, user_id: str) -> None:
         """Drop everything kept about the user (unsubscribe, Telegram /stop)."""
-        await self.store.delete(f"handoff:{channel}:{user_id}")
-        await self.store.delete(f"turns:{channel}:{user_id}")
+        await self.store.delete(self.session_key(channel, user_id))
+        await self.store.delete(self.turns_key(channel, user_id))
         await self._index(remove=(channel, user_id))

@@ -38,19 +38,32 @@ class Sessions:
         self.store: Store = store if store is not None else MemoryStore()
         self.ttl_s = ttl_s
 
-    async def get(self, channel: str, user_id: str) -> Session:
-        """The user's session (a fresh one if none, or if it was idle past the TTL)."""
-        raw = await self.store.get(f"session:{channel}:{user_id}")
+    @staticmethod
+    def key(channel: str, user_id: str) -> str:
+        """The store key of the user's session."""
+        return f"session:{channel}:{user_id}"
+
+    @staticmethod
+    def parse(raw: str | None) -> Session:
+        """The session stored as ``raw`` (a fresh one for None: none, or idle past the TTL)."""
         if not raw:
             return Session()
         known = {f.name for f in dataclasses.fields(Session)}  # a session written by another version
         return Session(**{k: v for k, v in json.loads(raw).items() if k in known})
 
+    def dump(self, channel: str, user_id: str, session: Session) -> tuple[str, str, float]:
+        """``(key, value, ttl_s)`` that write the session back, restarting its idle timeout."""
+        session.updated = time.time()
+        return self.key(channel, user_id), json.dumps(dataclasses.asdict(session)), self.ttl_s
+
+    async def get(self, channel: str, user_id: str) -> Session:
+        """The user's session (a fresh one if none, or if it was idle past the TTL)."""
+        return self.parse(await self.store.get(self.key(channel, user_id)))
+
     async def save(self, channel: str, user_id: str, session: Session) -> None:
         """Write the session back, restarting its idle timeout."""
-        session.updated = time.time()
-        await self.store.set(f"session:{channel}:{user_id}", json.dumps(dataclasses.asdict(session)), ttl_s=self.ttl_s)
+        await self.store.set(*self.dump(channel, user_id, session))
 
     async def forget(self, channel: str, user_id: str) -> None:
         """Drop the user's state (unsubscribe, /stop)."""
-        await self.store.delete(f"session:{channel}:{user_id}")
+        await self.store.delete(self.key(channel, user_id))

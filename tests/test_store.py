@@ -82,6 +82,24 @@ async def test_value_expires_after_its_ttl_and_can_be_claimed_again(store):
     assert await store.get("dedup:wechat:1") == "again"
 
 
+async def test_get_many_reads_several_keys_in_order_and_set_many_writes_them_with_their_ttls(store):
+    await store.set("session:http:1", '{"last_topic": "sleep.insomnia"}')
+    await store.push("pending:1", "queued")  # a list reads as None, as with get
+    await store.set("gone", "x", ttl_s=0.1)
+    await asyncio.sleep(0.2)
+    assert await store.get_many(["absent", "session:http:1", "pending:1", "gone"]) == [
+        None, '{"last_topic": "sleep.insomnia"}', None, None]
+    assert await store.get_many([]) == []
+    await store.set_many([("reply:http:1:m1", "答", 3600.0), ("turns:http:1", '["user: 失眠"]', 0.15),
+                          ("pending:1", "a string replaces the list", None)])
+    assert await store.get_many(["reply:http:1:m1", "turns:http:1", "pending:1"]) == [
+        "答", '["user: 失眠"]', "a string replaces the list"]
+    assert await store.pop_all("pending:1") == []
+    await asyncio.sleep(0.25)
+    assert await store.get_many(["reply:http:1:m1", "turns:http:1"]) == ["答", None]  # each its own TTL
+    await store.set_many([])  # nothing to send
+
+
 async def test_set_without_ttl_removes_an_earlier_ttl(store):
     await store.set("token", "a", ttl_s=0.15)
     await store.set("token", "b")

@@ -469,6 +469,14 @@ class SwitchableStore(MemoryStore):
         self._gate(True)
         return await super().set(key, value, ttl_s)
 
+    async def get_many(self, keys):
+        self._gate(False)
+        return await super().get_many(keys)
+
+    async def set_many(self, items):
+        self._gate(bool(items))
+        return await super().set_many(items)
+
     async def set_if_absent(self, key, value, ttl_s=None):
         self._gate(True)
         return await super().set_if_absent(key, value, ttl_s)

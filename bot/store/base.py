@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 
 class StoreError(RuntimeError):
@@ -27,6 +27,16 @@ class Store(Protocol):
 
     async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
         """Store ``value`` under ``key`` (replacing any), expiring after ``ttl_s``."""
+        ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The string at each of ``keys``, in order (None where absent, expired or a list), in one
+        round trip; a message reads what it needs with this (bot/dedup.py)."""
+        ...
+
+    async def set_many(self, items: Sequence[tuple[str, str, float | None]]) -> None:
+        """Each ``(key, value, ttl_s)`` as :meth:`set`, in one round trip: one transaction on SQLite,
+        one pipeline on Redis (there each SET is atomic, the group is not). Empty: nothing is sent."""
         ...
 
     async def set_if_absent(self, key: str, value: str, ttl_s: float | None = None) -> bool:

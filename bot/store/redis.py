@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from bot.store.base import StoreError
@@ -237,6 +238,21 @@ class RedisStore:
             if isinstance(e.__cause__, ResponseError) and "WRONGTYPE" in str(e.__cause__):
                 return None
             raise
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        """``MGET``: the strings at ``keys``, in order (None where absent or not a string)."""
+        if not keys:
+            return []
+        return list(await self._call(self._client.mget(list(keys))))
+
+    async def set_many(self, items: Sequence[tuple[str, str, float | None]]) -> None:
+        """One ``SET key value [PX ms]`` per item, sent as one pipeline (one round trip; not a transaction)."""
+        if not items:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for key, value, ttl_s in items:
+            pipe.set(key, value, px=None if ttl_s is None else _ms(ttl_s))
+        await self._call(pipe.execute())
 
     async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
         """``SET key value [PX ms]``: replaces any value (a list too); expires after ``ttl_s`` seconds."""

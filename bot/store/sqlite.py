@@ -51,7 +51,7 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
@@ -265,6 +265,27 @@ class SqliteStore:
         every read (they join on a list row) and removed by the next purge or push."""
         await self._statement("INSERT OR REPLACE INTO kv (key, value, expires) VALUES (?, ?, ?)",
                               (key, value, _expiry(ttl_s, time.time())))
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The strings at ``keys``, in order (None where absent, expired or a list): one ``SELECT``."""
+        if not keys:
+            return []
+        rows = await self._read(
+            f"SELECT key, value FROM kv WHERE key IN ({','.join('?' * len(keys))})"
+            " AND (expires IS NULL OR expires > ?)", (*keys, time.time()))
+        found = dict(rows)
+        return [found.get(k) for k in keys]
+
+    async def set_many(self, items: Sequence[tuple[str, str, float | None]]) -> None:
+        """Each ``(key, value, ttl_s)`` as :meth:`set`, all in one transaction (one commit)."""
+        if not items:
+            return
+
+        def body(conn: sqlite3.Connection, now: float) -> None:
+            conn.executemany("INSERT OR REPLACE INTO kv (key, value, expires) VALUES (?, ?, ?)",
+                             [(k, v, _expiry(ttl, now)) for k, v, ttl in items])
+
+        await self._write(body)
 
     async def set_if_absent(self, key: str, value: str, ttl_s: float | None = None) -> bool:
         """Claim ``key``: store only if absent or expired (one conditional upsert statement).
