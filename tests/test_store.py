@@ -11,6 +11,7 @@ import contextlib
 import json
 import socket
 import sqlite3
+import subprocess
 import sys
 import time
 
@@ -574,3 +575,33 @@ async def test_redis_going_away_turns_ping_false_and_comes_back_with_redis():
 
 async def test_memory_url_gives_a_memory_store():
     assert isinstance(await open_store("memory://"), MemoryStore)
+
+
+_OPENER = r"""
+import asyncio, sys, time
+from bot.store import open_store
+
+async def main(url, start_at):
+    time.sleep(max(0.0, start_at - time.time()))  # every process opens the new file at the same moment
+    store = await open_store(url)
+    for i in range(300):  # writing while the others still open it
+        await store.set_if_absent(f"claim:{i}", "1", 60.0)
+    await store.close()
+    print("opened", flush=True)
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+async def test_sqlite_processes_opening_one_new_file_at_the_same_moment_all_open_it(tmp_path):
+    # `healthbot serve --processes N` on a fresh data directory: N front ends create the file at once.
+    # SQLite answers "database is locked" to a PRAGMA journal_mode = WAL that meets another
+    # connection's, without calling the busy handler: the store tries again.
+    for attempt in range(3):
+        url = f"sqlite:///{tmp_path}/fresh-{attempt}.db"
+        start_at = time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, "-c", _OPENER, url, repr(start_at)], cwd=REPO_ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 8, [err[-300:] for _, err in outs if err]
+        assert all(out.strip() == "opened" for out, _ in outs)

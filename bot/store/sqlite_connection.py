@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import sqlite3
+import time
 from pathlib import Path
 
 from bot.store.base import StoreError
@@ -93,7 +94,7 @@ def connect(path: str, busy_timeout_s: float, *, autocheckpoint: bool = True) ->
         ) from e
     try:
         conn.execute("PRAGMA mmap_size = 0")
-        (mode,), = conn.execute("PRAGMA journal_mode = WAL").fetchall()
+        mode = _journal_mode_wal(conn, busy_timeout_s)
         if not memory and str(mode).lower() != "wal":
             raise StoreError(
                 f"SQLite store {path}: WAL journal mode refused (got {mode!r}); keep the file "
@@ -106,6 +107,26 @@ def connect(path: str, busy_timeout_s: float, *, autocheckpoint: bool = True) ->
         conn.close()
         raise
     return conn
+
+
+def _journal_mode_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> str:
+    """``PRAGMA journal_mode = WAL``; the mode now in force.
+
+    SQLite may answer ``SQLITE_BUSY`` at once, without its busy handler, where waiting could
+    deadlock ("The presence of a busy handler does not guarantee that it will be invoked when
+    there is lock contention", https://www.sqlite.org/c3ref/busy_handler.html). Seen once here when
+    processes opened one new file together (`healthbot serve --processes N` on a fresh data
+    directory): tried again every 10 ms for up to ``busy_timeout_s``.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            (mode,), = conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            return mode
+        except sqlite3.OperationalError as e:
+            if not is_busy(e) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
 
 
 def is_busy(e: BaseException) -> bool:
