@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from bot.store import MemoryStore
 from bot.types import Inbound, Intent, MessageKind
 from tests.conftest import requires_model
 
@@ -362,3 +363,39 @@ async def test_questions_about_a_named_medicine_are_referred(dispatcher, q):
 async def test_thanks_and_wishes_get_a_warm_short_reply_not_the_introduction(dispatcher, q, words):
     reply = await dispatcher.handle(text(q))
     assert reply.intent is Intent.GREETING and words in reply.text and "比如" not in reply.text
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that counts its calls by method (each a round trip on SQLite or Redis)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __getattribute__(self, name):
+        attr = super().__getattribute__(name)
+        if name in ("get", "get_many", "set", "set_many", "set_if_absent", "delete", "take_token", "push",
+                    "pop_all", "read_all"):
+            self.calls.append(name)
+        return attr
+
+
+@requires_model
+async def test_a_message_reads_its_state_in_one_round_trip_and_writes_it_with_its_reply_in_one(dispatcher, cfg):
+    from bot.dispatcher import Dispatcher
+    store = CountingStore()
+    d = Dispatcher(cfg, dispatcher.retriever, dispatcher.head, dispatcher.topic_fit, store=store)
+    first = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-1", MessageKind.TEXT, "高血压平时运动要注意什么"))
+    assert first.intent is Intent.ANSWER
+    assert store.calls == ["get_many", "set_if_absent", "take_token", "set_many"]
+    # what was written with the reply is what the next message reads: the follow-up finds its topic
+    store.calls.clear()
+    follow = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-2", MessageKind.TEXT, "那饮食上呢"))
+    assert follow.intent is Intent.ANSWER and follow.topic == first.topic
+    assert store.calls == ["get_many", "set_if_absent", "take_token", "set_many"]
+    turns = await store.get(d.handoff.turns_key("wechat", "rt-user"))
+    assert "那饮食上呢" in turns and "高血压" in turns  # both messages' turns, in one transcript
+    # a retry of the first message: its stored reply, in the one read, nothing computed or written
+    store.calls.clear()
+    again = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-1", MessageKind.TEXT, "高血压平时运动要注意什么"))
+    assert again.text == first.text and store.calls == ["get_many"]

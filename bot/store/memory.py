@@ -34,11 +34,11 @@ class MemoryStore:
         self._values[key] = (value, self._expiry(ttl_s))
 
     async def get_many(self, keys) -> list[str | None]:
-        return [await self.get(k) for k in keys]
+        return [value if isinstance(value := self._live(k), str) else None for k in keys]
 
     async def set_many(self, items) -> None:
         for key, value, ttl_s in items:
-            await self.set(key, value, ttl_s)
+            self._values[key] = (value, self._expiry(ttl_s))
 
     async def set_if_absent(self, key: str, value: str, ttl_s: float | None = None) -> bool:
         if self._live(key) is not None:
