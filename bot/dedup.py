@@ -14,7 +14,11 @@ reply.
 A message's other state (the user's handoff, session, transcript) is read with the lookup of
 its reply, in one round trip, and written with its reply, in one (:class:`MessageState`):
 four store round trips a message (read, claim, rate token, write) instead of about ten
-(docs/loadtest.md, "One read and one write a message").
+(docs/loadtest.md, "One read and one write a message"). Two messages of one user computed at
+the same moment each write back what they read plus their own: the later write wins, so the
+transcript kept for agents may miss the other's turns (the session was already read and
+written this way). A user's messages are seconds apart; WeChat and Telegram deliver them one
+by one.
 """
 
 from __future__ import annotations
