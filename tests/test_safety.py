@@ -592,3 +592,14 @@ def test_a_child_biting_open_a_pod_or_a_battery_is_poisoning(q):
 @pytest.mark.parametrize("q", ["洗衣凝珠怎么放在孩子拿不到的地方", "洗衣液洗衣服对皮肤不好吗"])
 def test_household_products_without_swallowing_are_not_poisoning(q):
     assert triage(q, normalize(q).lang, CFG) is None, match_red_flags(q)
+
+
+def test_the_chest_pain_reply_reads_right_whether_the_pain_is_the_users_or_a_relatives():
+    # "my father has chest pain": what to do while waiting is said of the person with the pain, not
+    # as if the user had it (a clean-clone trial, 2026-12-04, found "don't drive yourself" here)
+    for text, lang in (("my father has chest pain and is sweating a lot", "en"), ("I have crushing chest pain", "en"),
+                       ("我爸胸口像压了块石头，一直出冷汗", "zh"), ("我胸口压着疼，一直出冷汗", "zh")):
+        result = triage(normalize(text).text, lang, SafetyConfig())
+        assert result is not None and result.rule.startswith("heart_attack."), (text, result)
+        assert ("the person with the pain" in result.reply) if lang == "en" else ("胸痛的人" in result.reply)
+        assert "drive yourself" not in result.reply and "stay with you" not in result.reply
