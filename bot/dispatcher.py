@@ -246,10 +246,9 @@ class Dispatcher:
                                                                         **notes}
         if not await self._within_rate(inbound):
             return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
-        session: Session | None = None
+        session = self.sessions.parse(self._read(state, "session_get",
+                                                 self.sessions.key(inbound.channel, inbound.user_id)))
         if (choice := answer_to_offer(norm.text)) is not None:  # "是", "2", "不是" to the topics last offered
-            session = self.sessions.parse(self._read(state, "session_get", self.sessions.key(
-                inbound.channel, inbound.user_id)))
             offered = [self.kb.topics[t] for t in session.suggested if t in self.kb.topics]
             if len(session.offer_form) == 3:  # the reply follows the last offer's language and script
                 lang, script, variant = session.offer_form
@@ -269,9 +268,6 @@ class Dispatcher:
         scope = check_scope(norm.text, lang)
         referral = care_team_reply(norm, lang)
         retriever, head, topic_fit = self.retriever, self.head, self.topic_fit  # one model per message: bot/model_reload.py
-        if session is None:
-            session = self.sessions.parse(self._read(state, "session_get", self.sessions.key(
-                inbound.channel, inbound.user_id)))
         last = retriever.kb.topics.get(session.last_topic or "")
         plan = (plan_follow_up(norm.text, last, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
