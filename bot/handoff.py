@@ -155,16 +155,6 @@ class HandoffManager:
                                              for who, text in turns])[-TRANSCRIPT_TURNS:]
         return self.turns_key(channel, user_id), json.dumps(lines, ensure_ascii=False), self.idle_timeout_s
 
-    async def record_turns(self, channel: str, user_id: str, *turns: tuple[str, str]) -> None:
-        """Remember ``turns`` (as in :meth:`with_turns`) for a later handoff transcript, in one read
-        and one write of the store.
-
-        Raises:
-            StoreError: the store failed (the turns are not kept).
-        """
-        key = self.turns_key(channel, user_id)
-        await self.store.set(*self.with_turns(channel, user_id, await self.store.get(key), *turns))
-
     def active_in(self, raw: str | None) -> HandoffSession | None:
         """The active handoff stored as ``raw`` (the value at :meth:`session_key`), or None (none,
         ended, or idle past the timeout)."""

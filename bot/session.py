@@ -56,14 +56,6 @@ class Sessions:
         session.updated = time.time()
         return self.key(channel, user_id), json.dumps(dataclasses.asdict(session)), self.ttl_s
 
-    async def get(self, channel: str, user_id: str) -> Session:
-        """The user's session (a fresh one if none, or if it was idle past the TTL)."""
-        return self.parse(await self.store.get(self.key(channel, user_id)))
-
-    async def save(self, channel: str, user_id: str, session: Session) -> None:
-        """Write the session back, restarting its idle timeout."""
-        await self.store.set(*self.dump(channel, user_id, session))
-
     async def forget(self, channel: str, user_id: str) -> None:
         """Drop the user's state (unsubscribe, /stop)."""
         await self.store.delete(self.key(channel, user_id))

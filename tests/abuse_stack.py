@@ -61,7 +61,9 @@ class EchoDispatcher:
         self.calls.append(inbound)
         key = (inbound.channel, inbound.user_id, inbound.message_id)
         if key not in self._done:
-            await self.handoff.record_turns(inbound.channel, inbound.user_id, ("user", inbound.text))
+            kept = await self.handoff.store.get(self.handoff.turns_key(inbound.channel, inbound.user_id))
+            await self.handoff.store.set(*self.handoff.with_turns(inbound.channel, inbound.user_id, kept,
+                                                                  ("user", inbound.text)))
             if inbound.kind is MessageKind.TEXT:
                 reply = Reply("答：" + inbound.text, Intent.ANSWER, inbound.lang or "zh")
             elif inbound.kind is MessageKind.UNSUPPORTED:

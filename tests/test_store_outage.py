@@ -424,7 +424,7 @@ async def test_handoff_survives_a_redis_restart_with_appendonly(tmp_path, append
     store = await open_store(srv.url)
     try:
         handoff = HandoffManager(store)
-        await handoff.record_turns("http", "u-restart", ("user", "我晚上总是睡不着"))
+        await store.set(*handoff.with_turns("http", "u-restart", None, ("user", "我晚上总是睡不着")))
         await handoff.start("http", "u-restart", "u-restart", "user_request")
         srv.kill()
         with pytest.raises(StoreError):

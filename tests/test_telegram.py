@@ -90,7 +90,9 @@ class ScriptedDispatcher:
             await self.handoff.user_message(session, inbound.text)
             return Reply("", Intent.HANDOFF, lang, handoff=True)
         text = self.replies.get(inbound.text) or (("Answer: " if lang == "en" else "答：") + inbound.text)
-        await self.handoff.record_turns(inbound.channel, inbound.user_id, ("user", inbound.text), ("bot", text))
+        kept = await self.handoff.store.get(self.handoff.turns_key(inbound.channel, inbound.user_id))
+        await self.handoff.store.set(*self.handoff.with_turns(inbound.channel, inbound.user_id, kept,
+                                                              ("user", inbound.text), ("bot", text)))
         if inbound.text in self.offers:
             return Reply(text, Intent.NO_ANSWER, lang, suggested=self.offers[inbound.text])
         return Reply(text, Intent.ANSWER, lang)
