@@ -129,6 +129,15 @@ async def test_a_follow_up_with_no_topic_in_context_asks_back(dispatcher):
         assert "哪个问题" in reply.text or "Which question" in reply.text
 
 
+async def test_a_question_of_its_own_on_the_topic_just_answered_gets_its_facet_not_the_same_answer(dispatcher):
+    first = await dispatcher.handle(_msg("again1", 1, "my lips are so dry and cracked this winter, lip balm doesn't help"))
+    assert first.topic == "everyday.chapped_lips_hands"
+    again = await dispatcher.handle(_msg("again1", 2, "what about for kids? my son keeps licking his lips and now "
+                                                      "there's a red ring around his mouth"))
+    assert again.topic == first.topic and again.text != first.text
+    assert dispatcher.kb.topics[first.topic].facet_text("children", "en")[:24] in again.text
+
+
 async def test_more_after_an_answer_offers_the_rest_and_never_repeats_it(dispatcher):
     first = await dispatcher.handle(_msg("more1", 1, "失眠怎么调理"))
     assert first.topic == "sleep.insomnia"
@@ -184,7 +193,7 @@ async def test_the_follow_up_conversation_sets_get_the_facet_and_never_the_same_
     rows = [json.loads(line) for line in (Path(__file__).parent.parent / "evals" / name).read_text().splitlines()]
     s = (await evaluate_follow_ups(dispatcher, rows)).summary()
     assert s["facet_given_when_on_topic_and_present"] >= floor, s
-    assert s["repeated_word_for_word"] == 0 and s["missing_facet_said_honestly"] == 1.0, s
+    assert s["repeated_word_for_word"] == 0 and (s["missing_facet"] == 0 or s["missing_facet_said_honestly"] == 1.0), s
 
 
 def test_a_source_that_backs_only_facets_is_named_under_facets_not_the_main_answer():
