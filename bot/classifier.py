@@ -56,6 +56,21 @@ MEMBERS = 3
 HELD_OUT, SEED = 0.2, 0
 #: Bumped when features or training change, so cached heads are not reused.
 HEAD_VERSION = "3"
+#: decision_data labels that are never answered by a topic.
+NEGATIVE_INTENTS = ("no_answer", "refer_doctor", "out_of_scope")
+
+
+def data_rows() -> list[dict]:
+    """The decision_data lines the topic-fit verifier and the topic prior learn from: answer
+    lines with ``topics``, and the :data:`NEGATIVE_INTENTS` lines."""
+    rows = []
+    for path in sorted(DATA_DIR.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if row.get("intent") in NEGATIVE_INTENTS or row.get("intent") == "answer" and row.get("topics"):
+                    rows.append(row)
+    return rows
 
 
 def query_text(text: str) -> str:

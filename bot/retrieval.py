@@ -95,6 +95,8 @@ class SearchResult:
             (``context_topic``), so the caller can tell how far the best topic is ahead of it.
         contested: the topic prior (bot/topic_prior.py) put first a topic that the hybrid score
             alone ranks lower: the two rankers disagree, and the policy asks more of the verifier.
+        prior_terms: float32[2], the topic prior's :func:`~bot.topic_prior.prior_terms` of the best
+            topic, read by the verifier beside ``fit_features``; None while no prior is set.
     """
 
     matches: list[Match]
@@ -105,6 +107,7 @@ class SearchResult:
     fit_features: np.ndarray | None = None
     context_score: float | None = None
     contested: bool = False
+    prior_terms: np.ndarray | None = None
 
 
 #: A title word that at most this many topics use in their titles and example questions
@@ -412,7 +415,8 @@ class Retriever:
                            self.answer_scores(qs[-1]))
         context_score = float(hybrid[self.topic_ids.index(context_topic)]) if context_topic in self.topic_ids else None
         result = SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, context_score,
-                              contested=bool(hybrid[best] < hybrid.max()))
+                              contested=bool(hybrid[best] < hybrid.max()),
+                              prior_terms=None if self.prior is None else self.prior.terms(qs[-1], best))
         self.results.put(key, result)
         return result
 

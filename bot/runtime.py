@@ -58,8 +58,8 @@ async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[
         retriever = await Retriever.build(kb, encoder, cache_dir=cache, model_digest=key)
     known = retriever.known_vectors()  # texts embedded once, shared by both trainings
     head = await DecisionHead.build(kb, encoder, cache_dir=cache, model_digest=key, known=known)
-    fit = await TopicFit.build(retriever, cache_dir=cache, model_digest=key, known=known)
     retriever.prior = await TopicPrior.build(retriever, cache_dir=cache, model_digest=key, known=known)
+    fit = await TopicFit.build(retriever, retriever.prior, cache_dir=cache, model_digest=key, known=known)
     return retriever, head, fit
 
 

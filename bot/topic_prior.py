@@ -35,11 +35,10 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from bot.classifier import HELD_OUT, SEED, query_text, save_arrays
+from bot.classifier import HELD_OUT, SEED, data_rows, query_text, save_arrays
 from bot.embedding import embed_all
 from bot.logs import logged_step
 from bot.retrieval import Retriever
-from bot.topic_fit import data_rows
 
 log = structlog.get_logger("healthbot.topic_prior")
 
@@ -48,6 +47,8 @@ log = structlog.get_logger("healthbot.topic_prior")
 PRIOR_WEIGHT, C = 0.02, 10.0
 #: The lowest log-ratio added (a topic the classifier all but rules out is not pushed further).
 FLOOR = -20.0
+#: Folds of the out-of-fold logits the topic-fit verifier is trained on (:func:`out_of_fold_logits`).
+FOLDS = 5
 #: Bumped when the training changes, so cached priors are not reused.
 PRIOR_VERSION = "1"
 
@@ -64,6 +65,44 @@ def _fit(x: np.ndarray, y: np.ndarray, topics: int) -> tuple[np.ndarray, np.ndar
     if len(model.classes_) != topics:
         raise ValueError(f"{topics - len(model.classes_)} topics have no training line")
     return model.coef_.T.astype(np.float32), model.intercept_.astype(np.float32)
+
+
+def out_of_fold_logits(x: np.ndarray, y: np.ndarray, topics: int) -> np.ndarray:
+    """float32[N, topics]: each line's logits from a regression trained without it (:data:`FOLDS`
+    stratified folds), as the topic-fit verifier must see the prior on questions it never learned.
+
+    Raises:
+        ValueError: some topic has fewer lines than :data:`FOLDS`.
+    """
+    from sklearn.model_selection import StratifiedKFold
+
+    out = np.zeros((len(y), topics), dtype=np.float32)
+    for train, held in StratifiedKFold(FOLDS, shuffle=True, random_state=SEED).split(x, y):
+        w, b = _fit(x[train], y[train], topics)
+        out[held] = x[held] @ w + b
+    return out
+
+
+def prior_terms(logits: np.ndarray, topic: int) -> np.ndarray:
+    """float32[2] for the topic-fit verifier (bot/topic_fit.py): the topic's log-probability ratio to
+    the classifier's favourite (floored at :data:`FLOOR`) and its probability, for logits float32[topics]."""
+    z = logits.astype(np.float64) - float(logits.max())
+    p = np.exp(z)
+    return np.asarray([max(z[topic], FLOOR), p[topic] / p.sum()], dtype=np.float32)
+
+
+def training_lines(retriever: Retriever, known: dict[str, np.ndarray], rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(x float32[N, D], topic indices y int[N]): the retriever's example vectors, then ``rows``
+    (answer lines whose first topic is in the base, vectors in ``known``)."""
+    index = {tid: i for i, tid in enumerate(retriever.topic_ids)}
+    x = np.concatenate([retriever.vectors, *([np.stack([known[query_text(r["q"])] for r in rows])] if rows else [])])
+    y = np.concatenate([retriever.owners, np.asarray([index[r["topics"][0]] for r in rows], dtype=np.int32)])
+    return x.astype(np.float32), y
+
+
+def prior_rows(retriever: Retriever) -> list[dict]:
+    """The decision_data answer lines the prior learns from (first topic in the base)."""
+    return [r for r in data_rows() if r["intent"] == "answer" and r["topics"][0] in retriever.topic_ids]
 
 
 def fit_prior(x: np.ndarray, y: np.ndarray, topics: int) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -96,6 +135,10 @@ class TopicPrior:
         z = q @ self.coef + self.intercept
         return np.maximum(z - z.max(), FLOOR)
 
+    def terms(self, q: np.ndarray, topic: int) -> np.ndarray:
+        """:func:`prior_terms` of ``topic`` for q float32[D]."""
+        return prior_terms(q @ self.coef + self.intercept, topic)
+
     def ranking(self, hybrid: np.ndarray, qs: np.ndarray) -> np.ndarray:
         """float32[topics]: ``hybrid`` plus :data:`PRIOR_WEIGHT` times the mean log-ratio of the
         vectors ``qs`` float32[K, D] (a follow-up's ``context + text`` and ``text``, as retrieval
@@ -112,8 +155,7 @@ class TopicPrior:
         Raises:
             ValueError: a topic with no training line; inference errors from embedding.
         """
-        index = {tid: i for i, tid in enumerate(retriever.topic_ids)}
-        rows = [r for r in data_rows() if r["intent"] == "answer" and r["topics"][0] in index]
+        rows = prior_rows(retriever)
         digest = hashlib.sha256(json.dumps([retriever.kb.digest, rows], ensure_ascii=False).encode()).hexdigest()
         key = hashlib.sha256(f"{PRIOR_VERSION}/{model_digest}/{digest}/{C}".encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"topic-prior-{key}.npz" if cache_dir else None
@@ -128,9 +170,8 @@ class TopicPrior:
         with logged_step(log, "topic_prior_training", lines=len(rows) + len(retriever.vectors),
                          texts_to_embed=len(missing), cached_afterwards_in=str(cache_dir) if cache_dir else "nowhere"):
             known.update(zip(missing, await embed_all(retriever.encoder, missing)))
-            x = np.concatenate([retriever.vectors, *([np.stack([known[t] for t in texts])] if texts else [])])
-            y = np.concatenate([retriever.owners, np.asarray([index[r["topics"][0]] for r in rows], dtype=np.int32)])
-            w, b, report = await asyncio.to_thread(fit_prior, x.astype(np.float32), y, len(index))
+            x, y = await asyncio.to_thread(training_lines, retriever, known, rows)
+            w, b, report = await asyncio.to_thread(fit_prior, x, y, len(retriever.topic_ids))
         if cache:
             save_arrays(cache, coef=w, intercept=b, report=json.dumps(report))
         log.info("topic_prior", cached=False, **report)

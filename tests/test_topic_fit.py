@@ -36,8 +36,9 @@ async def pair(dispatcher, text: str, topic: str) -> float:
     retriever = dispatcher.retriever
     q = query_text(text)
     vector = (await retriever.encoder.encode([q]))[0]
-    _, features = retriever.pair_features(vector, q, topic=retriever.topic_ids.index(topic))
-    return dispatcher.topic_fit.probability(features)
+    index = retriever.topic_ids.index(topic)
+    _, features = retriever.pair_features(vector, q, topic=index)
+    return dispatcher.topic_fit.probability(features, retriever.prior.terms(vector, index))
 
 
 @pytest.mark.parametrize("text, topic", [
