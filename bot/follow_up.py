@@ -239,6 +239,15 @@ def read_loose_follow_up(text: str) -> FollowUp | None:
     return FollowUp(None) if rules.more_loose.search(text) else None
 
 
+def named_facet(text: str) -> str | None:
+    """The first facet (the rules' ``loose_order``) whose cue appears anywhere in ``text``
+    (normalized), whatever its length; None without one. For a message that retrieval already
+    puts on the topic just answered ("what about for kids? my son keeps licking his lips and now
+    there's a red ring around his mouth"), so that its facet, not the same answer, goes out."""
+    text = text.strip().lower()
+    return next((name for name, pattern in _rules().loose if pattern.search(text)), None)
+
+
 def _blank(text: str, facets: frozenset[str] | None = None) -> str:
     """``text`` with the loose cues of ``facets`` (None: every facet) blanked out."""
     for name, pattern in _rules().loose:

@@ -42,7 +42,7 @@ async def test_edit_takes_effect_and_bad_edit_keeps_old_base(dispatcher, tmp_pat
         path.write_text("category: sleep\ntopics: [ {id: sleep.snoring, ", encoding="utf-8")
         await reload_if_changed(dispatcher, kb_dir, last)
         assert dispatcher.retriever is updated
-        reply = await dispatcher.handle(Inbound("test", "r1", "r1", "reload-2", MessageKind.TEXT, "打呼噜很响怎么办"))
+        reply = await dispatcher.handle(Inbound("test", "r2", "r2", "reload-2", MessageKind.TEXT, "打呼噜很响怎么办"))
         assert reply.topic == "sleep.snoring" and "（已更新）" in reply.text
     finally:
         dispatcher.retriever = original
