@@ -306,8 +306,8 @@ class Dispatcher:
                    names_medicine=names_medicine(norm.text),
                    # a follow-up ("那饮食上呢") was retrieved within the topic it follows; the verifier,
                    # trained on whole questions, judges only questions that stand alone
-                   topic_fit=(topic_fit.probability(found.fit_features, found.prior_terms) if found.context_vector is None
-                              else best.confidence), contested=found.contested)
+                   topic_fit=(topic_fit.probability(found.fit_features, found.prior_terms)
+                              if found.context_vector is None else best.confidence), contested=found.contested)
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:
