@@ -130,9 +130,25 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("i was cutting again tonight", "crisis.self_harm_en"),
     ("he's sweating buckets, his jaw aches and he feels sick", "heart_attack.arm_sweat_en"),
     ("my 3 year old swallowed a couple of grandma's heart pills", "poisoning.child_medicine_en"),
+    # blind batch Y, after it was measured (2026-12-04)
+    ("my 6 week old feels really hot, the thermometer says 38.4 and she won't feed", "infant_fever.infant_fever_en"),
+    ("38 weeks pregnant and I've hardly felt the baby move since this morning", "pregnancy.warning_en"),
+    ("怀孕36周了 今天一整天感觉不到宝宝动", "pregnancy.warning_zh"),
+    ("我妈在卫生间摔倒了 怎么叫都不答应", "unconscious.unresponsive_zh"),
+    ("老人家用炭炉取暖 关着窗 现在都说头晕想吐", "poisoning.gas_zh"),
+    ("it's pretty deep and the blood keeps soaking through the towel", "bleeding.uncontrolled_en"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
+
+
+@pytest.mark.parametrize("text", ["bro every time i eat pizza late i get this burning in my chest. what helps",
+                                  "stubbed my toe super hard on the bed frame, it's going purple but i can walk",
+                                  "开水反复烧就成了千滚水 喝了会亚硝酸盐中毒 以后不能再烧了吧", "我爸头疼 叫他去医院他都不答应",
+                                  "my 10 week old is 38.5 cm long now is that normal"])
+def test_blind_batch_y_false_alarms_are_not_emergencies(text):
+    """Blind batch Y (2026-12-04), after it was measured: heartburn, a bruise, a myth, a refusal, a length."""
+    assert triage(text, normalize(text).lang, CFG) is None
 
 
 @pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "切菜又划手了怎么办", "孩子玩刀划手了", "孩子额头起了个包 没吐 精神很好",
