@@ -70,11 +70,11 @@ class DecisionConfig:
     answer: float = 0.5
     #: P(fit) below which a topic answer is declined, chosen on the development batches (blind A, B,
     #: D, H-V: 3,340 lines, 1,652 answerable) with the verifier of FIT_VERSION 6 (it reads the topic
-    #: prior, bot/topic_fit.py) as the threshold that keeps the share of confidently wrong replies
-    #: no higher than before: at 0.4 the right topic 83.3 % with 4.8 % of replies confidently wrong,
-    #: at 0.45 82.3 % and 4.6 %, at 0.5 81.1 % and 4.5 %; the verifier before (FIT_VERSION 5, 0.35):
-    #: 82.1 % and 4.9 %. At 0.4, held-out batches W and Y got 2-6 points more confidently wrong.
-    topic_fit: float = 0.45
+    #: prior, bot/topic_fit.py) and the near-miss lines of bot/decision_data/train_nearmiss_topics.jsonl,
+    #: as the threshold that keeps the right topic where it was and gives fewer confidently wrong
+    #: replies: at 0.35 about 84.3 % on topic with 5.1 % of replies confidently wrong, at 0.4 82.0 % and
+    #: 4.4 %, at 0.45 80.9 % and 4.0 %; before (FIT_VERSION 5, threshold 0.35): 82.1 % and 4.9 %.
+    topic_fit: float = 0.4
     #: P(fit) from which a topic declined by ``topic_fit`` is offered instead ("您是想了解「…」吗？",
     #: bot/suggestion.py). Chosen on the development batches H, I, J, K (2026-12-03): of the answerable
     #: questions declined at 0.1 <= P(fit) < 0.35 the offered topic was right for 35 of 52; below 0.1,
