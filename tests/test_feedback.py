@@ -300,7 +300,7 @@ async def test_telegram_answer_buttons_record_one_vote_and_go(tg, dispatcher):
 async def test_telegram_english_answer_buttons_and_thanks(tg):
     fake, deliver, u = tg
     user = random.randint(10**8, 10**9)
-    await deliver(u.command(user, "/lang en"), u.text(user, "how can I sleep better at night"))
+    await deliver(u.command(user, "/lang en"), u.text(user, "I can never fall asleep at night, any tips?"))
     up, down = _keyboard(fake, user)
     assert (up["text"], down["text"]) == ("👍 Helpful", "👎 Not helpful")
     await deliver(u.callback(user, up["callback_data"]))

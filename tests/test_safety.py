@@ -137,6 +137,8 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("我妈在卫生间摔倒了 怎么叫都不答应", "unconscious.unresponsive_zh"),
     ("老人家用炭炉取暖 关着窗 现在都说头晕想吐", "poisoning.gas_zh"),
     ("it's pretty deep and the blood keeps soaking through the towel", "bleeding.uncontrolled_en"),
+    # blind batch Z, after it was measured: pre-eclampsia signs put between other words
+    ("怀孕八个月 今天头特别疼 眼前老冒金星 脚肿得鞋都穿不上了 想问下孕晚期怎么消水肿", "pregnancy.warning_zh"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
