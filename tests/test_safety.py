@@ -139,6 +139,7 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("it's pretty deep and the blood keeps soaking through the towel", "bleeding.uncontrolled_en"),
     # blind batch Z, after it was measured: pre-eclampsia signs put between other words
     ("怀孕八个月 今天头特别疼 眼前老冒金星 脚肿得鞋都穿不上了 想问下孕晚期怎么消水肿", "pregnancy.warning_zh"),
+    ("sometimes i stand on the balcony and think about how easy it would be", "crisis.edge_en"),  # Y, read
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
@@ -147,7 +148,8 @@ def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
 @pytest.mark.parametrize("text", ["bro every time i eat pizza late i get this burning in my chest. what helps",
                                   "stubbed my toe super hard on the bed frame, it's going purple but i can walk",
                                   "开水反复烧就成了千滚水 喝了会亚硝酸盐中毒 以后不能再烧了吧", "我爸头疼 叫他去医院他都不答应",
-                                  "my 10 week old is 38.5 cm long now is that normal"])
+                                  "my 10 week old is 38.5 cm long now is that normal",
+                                  "we sat on the balcony and watched the fireworks, how easy is it to get a sunburn at night"])
 def test_blind_batch_y_false_alarms_are_not_emergencies(text):
     """Blind batch Y (2026-12-04), after it was measured: heartburn, a bruise, a myth, a refusal, a length."""
     assert triage(text, normalize(text).lang, CFG) is None
