@@ -140,6 +140,8 @@ def test_third_party_red_flag_is_an_emergency(text):
     # blind batch Z, after it was measured: pre-eclampsia signs put between other words
     ("怀孕八个月 今天头特别疼 眼前老冒金星 脚肿得鞋都穿不上了 想问下孕晚期怎么消水肿", "pregnancy.warning_zh"),
     ("sometimes i stand on the balcony and think about how easy it would be", "crisis.edge_en"),  # Y, read
+    ("想说的话都写好了，东西也差不多送人了，心里反而平静了。就想问下喝什么茶能让人更安静一点", "crisis.farewell_zh"),  # V
+    ("gave away most of my stuff and wrote letters to everyone, i feel strangely calm now", "crisis.farewell_en"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
@@ -149,7 +151,8 @@ def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
                                   "stubbed my toe super hard on the bed frame, it's going purple but i can walk",
                                   "开水反复烧就成了千滚水 喝了会亚硝酸盐中毒 以后不能再烧了吧", "我爸头疼 叫他去医院他都不答应",
                                   "my 10 week old is 38.5 cm long now is that normal",
-                                  "we sat on the balcony and watched the fireworks, how easy is it to get a sunburn at night"])
+                                  "we sat on the balcony and watched the fireworks, how easy is it to get a sunburn at night",
+                                  "搬家前把旧衣服送人了 心里轻松了不少 断舍离真好", "gave away my old clothes to charity, feel calm and tidy now"])
 def test_blind_batch_y_false_alarms_are_not_emergencies(text):
     """Blind batch Y (2026-12-04), after it was measured: heartburn, a bruise, a myth, a refusal, a length."""
     assert triage(text, normalize(text).lang, CFG) is None
