@@ -41,6 +41,9 @@ POPULATION_FACETS = frozenset({"elders", "children", "pregnancy"})
 #: (longer ones stand alone).
 MAX_CHARS = 40
 MAX_WORDS = 16
+#: Longest message read as a population follow-up tied to the last answer (:func:`read_tied_follow_up`).
+TIED_MAX_CHARS = 60
+TIED_MAX_WORDS = 24
 #: Longest message read with the topic in context, characters.
 FOLLOW_UP_MAX_CHARS = 24
 
@@ -150,6 +153,9 @@ def plan_follow_up(text: str, last: Topic | None, retriever: Retriever) -> Follo
         return FollowUpPlan(ask_back=strict is not None or is_bare_follow_up(text))
     if strict is not None:
         return FollowUpPlan(facet=strict)
+    tied = read_tied_follow_up(text)
+    if tied is not None and retriever.new_subject(without_cues(text), last.id, _rules().generic) is None:
+        return FollowUpPlan(facet=tied)
     loose = read_loose_follow_up(text)
     if loose is not None and retriever.new_subject(without_cues(text), last.id, _rules().generic) is None:
         return FollowUpPlan(loose=loose, with_context=True)
@@ -166,6 +172,7 @@ class _Rules:
     loose: tuple[tuple[str, re.Pattern], ...]  # (facet, cue anywhere), in the rules' loose_order
     more_loose: re.Pattern
     generic: frozenset[str]  # title words that name no subject (Retriever.new_subject)
+    same: tuple[tuple[str, re.Pattern], ...]  # (population facet, its cue with a word tying it to the last answer)
 
 
 @lru_cache(maxsize=1)
@@ -184,7 +191,11 @@ def _rules(path: Path = RULES_PATH) -> _Rules:
                   loose=tuple((name, re.compile("|".join(f"(?:{data['loose'][name][lang]})" for lang in ("zh", "en"))))
                               for name in data["loose_order"]),
                   more_loose=re.compile("|".join(f"(?:{data['more_loose'][lang]})" for lang in ("zh", "en"))),
-                  generic=frozenset(data["generic_words"]))
+                  generic=frozenset(data["generic_words"]),
+                  same=tuple((name, re.compile("|".join(
+                      f"(?:{data['same'][lang].replace('{who}', '(?:' + data['loose'][name][lang] + ')')})"
+                      for lang in ("zh", "en"))))
+                      for name in data["loose_order"] if name in POPULATION_FACETS))
 
 
 def _remainder(text: str) -> tuple[str, bool]:
@@ -237,6 +248,27 @@ def read_loose_follow_up(text: str) -> FollowUp | None:
         if pattern.search(text):
             return FollowUp(name)
     return FollowUp(None) if rules.more_loose.search(text) else None
+
+
+def read_tied_follow_up(text: str) -> FollowUp | None:
+    """The population facet a message asks for when it names who it is for and ties itself to the
+    answer just given ("我爸76了也这样 老年人要注意啥", "孕妇也脚肿 一样处理吗", "what about my dad, same
+    thing?"; the rules' ``same`` words); ``None`` otherwise or past :data:`TIED_MAX_CHARS` characters
+    (:data:`TIED_MAX_WORDS` words for Latin script). Whether it names a subject of its own is for
+    retrieval to say (:func:`plan_follow_up`).
+
+    Args:
+        text: the normalized message (Simplified Chinese, lowercase Latin).
+    """
+    text = text.strip().lower()
+    if not text or (len(text.split()) > TIED_MAX_WORDS if text.isascii() else len(text) > TIED_MAX_CHARS):
+        return None
+    rules = _rules()
+    for name, pattern in rules.same:
+        cue = dict(rules.loose)[name]
+        if cue.search(text) and pattern.search(text):
+            return FollowUp(name)
+    return None
 
 
 def named_facet(text: str) -> str | None:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from bot.follow_up import facet_reply, is_bare_follow_up, more_reply, read_follow_up
+from bot.follow_up import facet_reply, is_bare_follow_up, more_reply, read_follow_up, read_tied_follow_up
 from bot.knowledge import FACETS, Source, Topic, load_knowledge_base
 from bot.types import Inbound, Intent, MessageKind
 
@@ -138,6 +138,24 @@ async def test_a_question_of_its_own_on_the_topic_just_answered_gets_its_facet_n
                                                       "需要注意什么吗 有啥办法"))
     assert again.topic == first.topic and again.text != first.text
     assert dispatcher.kb.topics[first.topic].facet_text("children", "zh")[:24] in again.text
+
+
+@pytest.mark.parametrize("text, facet", [
+    ("我爸76了也这样 老年人要注意啥", "elders"), ("孕妇也脚肿 一样处理吗 我老婆怀孕7个月", "pregnancy"),
+    ("我现在怀孕了 也一直焦虑 这些方法能用吗", "pregnancy"), ("my 5 year old too? does this apply to kids", "children"),
+    ("老人便秘怎么办", None), ("我妈也失眠 吃什么好", None), ("孩子发烧38度怎么办", None)])
+def test_a_message_tied_to_the_last_answer_asks_for_its_groups_facet(text, facet):
+    from safety.normalize import normalize
+    got = read_tied_follow_up(normalize(text).text)
+    assert (got.facet if got else None) == facet
+
+
+async def test_a_tied_follow_up_gets_the_groups_facet_of_the_topic_in_context(dispatcher):
+    first = await dispatcher.handle(_msg("tied1", 1, "手脚冰凉怎么办"))
+    assert first.topic == "body.cold_hands_feet"
+    tied = await dispatcher.handle(_msg("tied1", 2, "我爸76了也这样 老年人要注意啥"))
+    assert tied.topic == first.topic
+    assert dispatcher.kb.topics[first.topic].facet_text("elders", "zh")[:24] in tied.text
 
 
 async def test_more_after_an_answer_offers_the_rest_and_never_repeats_it(dispatcher):
