@@ -264,11 +264,8 @@ def read_tied_follow_up(text: str) -> FollowUp | None:
     if not text or (len(text.split()) > TIED_MAX_WORDS if text.isascii() else len(text) > TIED_MAX_CHARS):
         return None
     rules = _rules()
-    for name, pattern in rules.same:
-        cue = dict(rules.loose)[name]
-        if cue.search(text) and pattern.search(text):
-            return FollowUp(name)
-    return None
+    cues = dict(rules.loose)
+    return next((FollowUp(name) for name, tie in rules.same if cues[name].search(text) and tie.search(text)), None)
 
 
 def named_facet(text: str) -> str | None:

@@ -65,6 +65,8 @@ log = structlog.get_logger("healthbot.topic_fit")
 HIDDEN, ALPHA = (64,), 1e-2
 #: Bumped when features or training change, so cached verifiers are not reused.
 FIT_VERSION = "6"
+
+
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
 
