@@ -49,7 +49,7 @@ class FollowUpResult:
     misses: list[dict] = field(default_factory=list)
 
     def summary(self) -> dict:
-        """The figures as a dict (shares in 0..1)."""
+        """The figures as a dict (shares in 0..1; ``missing_facet_said_honestly`` None when no facet was missing)."""
         n = max(self.conversations, 1)
         return {
             "conversations": self.conversations,
@@ -57,7 +57,7 @@ class FollowUpResult:
             "facet_given": self.facet_given / n,
             "facet_given_when_on_topic_and_present": self.facet_given_on_topic / max(self.facet_exists, 1),
             "on_topic_with_facet": self.facet_exists,
-            "missing_facet_said_honestly": self.honest_missing / max(self.missing, 1),
+            "missing_facet_said_honestly": self.honest_missing / self.missing if self.missing else None,
             "missing_facet": self.missing,
             "repeated_word_for_word": self.repeated,
         }
@@ -141,6 +141,6 @@ def format_follow_up_report(res: FollowUpResult) -> str:
         f"  when the first turn was on topic and the topic has the facet: "
         f"{s['facet_given_when_on_topic_and_present']:.1%} of {s['on_topic_with_facet']}",
         f"facet missing from the topic          {s['missing_facet']}, said honestly "
-        f"{s['missing_facet_said_honestly']:.1%}",
+        f"{'n/a' if s['missing_facet_said_honestly'] is None else format(s['missing_facet_said_honestly'], '.1%')}",
         f"second reply = first word for word    {s['repeated_word_for_word']}",
     ])

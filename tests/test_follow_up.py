@@ -213,7 +213,7 @@ async def test_the_follow_up_conversation_sets_get_the_facet_and_never_the_same_
     rows = [json.loads(line) for line in (Path(__file__).parent.parent / "evals" / name).read_text().splitlines()]
     s = (await evaluate_follow_ups(dispatcher, rows)).summary()
     assert s["facet_given_when_on_topic_and_present"] >= floor, s
-    assert s["repeated_word_for_word"] == 0 and (s["missing_facet"] == 0 or s["missing_facet_said_honestly"] == 1.0), s
+    assert s["repeated_word_for_word"] == 0 and s["missing_facet_said_honestly"] in (None, 1.0), s
 
 
 def test_a_source_that_backs_only_facets_is_named_under_facets_not_the_main_answer():
