@@ -209,12 +209,19 @@ async def test_everyday_english_near_misses(dispatcher, q, intent, topic):
 
 @pytest.mark.parametrize("q", [
     "a bulge in my groin that goes away when I lie down", "I have a painless lump in my groin for months",
-    "my groin has a red itchy rash", "大腿根部酸痛是怎么回事", "大腿内侧起红疹子痒"])
+    "大腿根部酸痛是怎么回事", "裤裆那里长了个包 不疼"])
 async def test_groin_questions_no_topic_covers_get_an_honest_no_answer(dispatcher, q):
     """They got women.period_pain, digest.acid_reflux, body.sore_throat or body.edema answers
-    (the eighth session's probe); no catalogue topic covers groin lumps, rashes or strains."""
+    (the eighth session's probe); no catalogue topic covers groin lumps or strains."""
     reply = await dispatcher.handle(text(q))
     assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR) and reply.topic is None  # never a wrong topic
+
+
+@pytest.mark.parametrize("q", ["my groin has a red itchy rash", "大腿内侧起红疹子痒"])
+async def test_an_itchy_groin_rash_gets_the_jock_itch_topic_not_hives(dispatcher, q):
+    """skin.jock_itch (2026-12-04); before it, the hives topic answered "大腿内侧起红疹子痒"."""
+    reply = await dispatcher.handle(text(q))
+    assert reply.topic == "skin.jock_itch" and ("包块" in reply.text or "lump" in reply.text)
 
 
 @pytest.mark.parametrize("q, topic", [("久坐腿麻怎么办", "exercise.sedentary"),
