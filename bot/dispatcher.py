@@ -32,7 +32,7 @@ from bot.config import Config
 from bot.decision import decide
 from bot.dedup import ExactlyOnce, MessageState, OnceCache, message_key
 from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, loose_follows, more_reply,
-                            named_facet, plan_follow_up)
+                            plan_follow_up, read_named_facet)
 from bot.handoff import HandoffManager
 from bot.intents import (BUSY_REPLY, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY,
                          abuse_reply, care_team_reply, drop_handoff_offer, greeting_reply, intent_reply, is_abuse,
@@ -357,9 +357,8 @@ class Dispatcher:
             # the topic whose main answer was just sent, asked about again: never that answer word for
             # word; the facet the message names ("what about for kids? my son keeps licking his lips"),
             # else what else can be asked
-            facet = plan.loose.facet if plan.loose is not None else named_facet(norm.text)
-            if plan.loose is not None or facet is not None:
-                return self._follow_up(inbound, state, session, last, facet, lang, reply, hint=True)
+            if (asked := plan.loose or read_named_facet(norm.text)) is not None:
+                return self._follow_up(inbound, state, session, last, asked.facet, lang, reply, hint=True)
             return reply(more_reply(topic, lang), Intent.ANSWER, topic=topic.id,
                          confidence=d.fit), {**notes, "follow_up": "more"}
         return self._send_topic(inbound, state, session, topic, lang, reply, notes, confidence=d.fit)

@@ -153,12 +153,9 @@ def plan_follow_up(text: str, last: Topic | None, retriever: Retriever) -> Follo
         return FollowUpPlan(ask_back=strict is not None or is_bare_follow_up(text))
     if strict is not None:
         return FollowUpPlan(facet=strict)
-    tied = read_tied_follow_up(text)
-    if tied is not None and retriever.new_subject(without_cues(text), last.id, _rules().generic) is None:
-        return FollowUpPlan(facet=tied)
-    loose = read_loose_follow_up(text)
-    if loose is not None and retriever.new_subject(without_cues(text), last.id, _rules().generic) is None:
-        return FollowUpPlan(loose=loose, with_context=True)
+    tied, loose = read_tied_follow_up(text), read_loose_follow_up(text)
+    if (tied or loose) and retriever.new_subject(without_cues(text), last.id, _rules().generic) is None:
+        return FollowUpPlan(facet=tied) if tied else FollowUpPlan(loose=loose, with_context=True)
     return FollowUpPlan(with_context=is_follow_up(text))
 
 
@@ -198,6 +195,11 @@ def _rules(path: Path = RULES_PATH) -> _Rules:
                       for name in data["loose_order"] if name in POPULATION_FACETS))
 
 
+def _length(text: str) -> int:
+    """A message's length as the limits here count it: words for Latin script, else characters."""
+    return len(text.split()) if text.isascii() else len(text)
+
+
 def _remainder(text: str) -> tuple[str, bool]:
     """``text`` without its lead and tail words, and whether a lead word was there."""
     rules = _rules()
@@ -214,7 +216,7 @@ def read_follow_up(text: str) -> FollowUp | None:
         text: the normalized message (Simplified Chinese, lowercase Latin).
     """
     text = text.strip().lower()
-    if not text or (len(text.split()) > MAX_WORDS if text.isascii() else len(text) > MAX_CHARS):
+    if not text or _length(text) > (MAX_WORDS if text.isascii() else MAX_CHARS):
         return None
     rest, led = _remainder(text)
     rules = _rules()
@@ -238,16 +240,12 @@ def read_loose_follow_up(text: str) -> FollowUp | None:
         text: the normalized message (Simplified Chinese, lowercase Latin).
     """
     text = text.strip().lower()
-    if not text or (len(text.split()) > MAX_WORDS if text.isascii() else len(text) > MAX_CHARS):
+    if not text or _length(text) > (MAX_WORDS if text.isascii() else MAX_CHARS):
         return None
-    strict = read_follow_up(text)
-    if strict is not None:
-        return strict
-    rules = _rules()
-    for name, pattern in rules.loose:
-        if pattern.search(text):
-            return FollowUp(name)
-    return FollowUp(None) if rules.more_loose.search(text) else None
+    found = read_follow_up(text) or read_named_facet(text)
+    if found is not None:
+        return found
+    return FollowUp(None) if _rules().more_loose.search(text) else None
 
 
 def read_tied_follow_up(text: str) -> FollowUp | None:
@@ -261,20 +259,20 @@ def read_tied_follow_up(text: str) -> FollowUp | None:
         text: the normalized message (Simplified Chinese, lowercase Latin).
     """
     text = text.strip().lower()
-    if not text or (len(text.split()) > TIED_MAX_WORDS if text.isascii() else len(text) > TIED_MAX_CHARS):
+    if not text or _length(text) > (TIED_MAX_WORDS if text.isascii() else TIED_MAX_CHARS):
         return None
     rules = _rules()
     cues = dict(rules.loose)
     return next((FollowUp(name) for name, tie in rules.same if cues[name].search(text) and tie.search(text)), None)
 
 
-def named_facet(text: str) -> str | None:
+def read_named_facet(text: str) -> FollowUp | None:
     """The first facet (the rules' ``loose_order``) whose cue appears anywhere in ``text``
-    (normalized), whatever its length; None without one. For a message that retrieval already
+    (normalized), whatever its length; None without one. Also for a message that retrieval already
     puts on the topic just answered ("what about for kids? my son keeps licking his lips and now
     there's a red ring around his mouth"), so that its facet, not the same answer, goes out."""
     text = text.strip().lower()
-    return next((name for name, pattern in _rules().loose if pattern.search(text)), None)
+    return next((FollowUp(name) for name, pattern in _rules().loose if pattern.search(text)), None)
 
 
 def _blank(text: str, facets: frozenset[str] | None = None) -> str:
