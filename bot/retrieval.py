@@ -95,7 +95,7 @@ class SearchResult:
             (``context_topic``), so the caller can tell how far the best topic is ahead of it.
         contested: the topic prior (bot/topic_prior.py) put first a topic that the hybrid score
             alone ranks lower: the two rankers disagree, and the policy asks more of the verifier.
-        prior_terms: float32[2], the topic prior's :func:`~bot.topic_prior.prior_terms` of the best
+        prior_terms: float32[2], the topic prior's :meth:`~bot.topic_prior.TopicPrior.terms` of the best
             topic, read by the verifier beside ``fit_features``; None while no prior is set.
     """
 
@@ -396,7 +396,9 @@ class Retriever:
         terms = [tokenize(t) for t in texts]  # jieba once per text: BM25 and the coverage feature
         parts = [self._score(q, ts) for q, ts in zip(qs, terms)]
         hybrid, dense, best_single, lexical = (np.mean([p[j] for p in parts], axis=0) for j in range(4))
-        ranked = hybrid if self.prior is None or self.mode != "hybrid" else self.prior.ranking(hybrid, qs)
+        # the prior's logits once a question vector: for the ranking and for the verifier's prior terms
+        logits = None if self.prior is None else [self.prior.logits(q) for q in qs]
+        ranked = hybrid if logits is None or self.mode != "hybrid" else self.prior.ranking(hybrid, logits)
         order = np.argsort(-ranked)[: max(k, 2)]
         margin = float(hybrid[order[0]] - hybrid[order[1]]) if len(order) > 1 else 1.0
         out = []
@@ -416,7 +418,7 @@ class Retriever:
         context_score = float(hybrid[self.topic_ids.index(context_topic)]) if context_topic in self.topic_ids else None
         result = SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, context_score,
                               contested=bool(hybrid[best] < hybrid.max()),
-                              prior_terms=None if self.prior is None else self.prior.terms(qs[-1], best))
+                              prior_terms=None if logits is None else self.prior.terms(logits[-1], best))
         self.results.put(key, result)
         return result
 

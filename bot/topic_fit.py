@@ -18,7 +18,7 @@ topic's answer text embedded as an e5 passage (what e5 was trained for: does thi
 answer this query?) and its margin over the best other topic's answer, and the elementwise product of the
 question vector and the centroid (D = 384), which lets the network learn which parts of
 the embedding a topic's subject lives in. Then two terms of the topic prior (bot/topic_prior.py
-:func:`~bot.topic_prior.prior_terms`: the topic's log-probability ratio to the classifier's favourite and its
+:meth:`~bot.topic_prior.TopicPrior.terms`: the topic's log-probability ratio to the classifier's favourite and its
 probability), a judge trained on all of every topic's questions at once. The training pairs read them
 from priors not trained on the pair's question (five folds, :func:`~bot.topic_prior.out_of_fold_logits`),
 as a user's question is never in the prior's data: read from the prior trained on them, the network
@@ -57,7 +57,7 @@ from bot.classifier import (HELD_OUT, SEED, Network, data_rows, expected_calibra
 from bot.logs import logged_step
 from bot.embedding import embed_all
 from bot.retrieval import Retriever
-from bot.topic_prior import C, FOLDS, TopicPrior, out_of_fold_logits, prior_rows, prior_terms, training_lines
+from bot.topic_prior import C, FOLDS, TopicPrior, out_of_fold_logits, prior_rows, training_lines
 
 log = structlog.get_logger("healthbot.topic_fit")
 
@@ -79,14 +79,14 @@ def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
 def training_pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndarray], example_logits: np.ndarray,
                    row_logits: dict[str, np.ndarray], prior: TopicPrior) -> tuple[np.ndarray, np.ndarray]:
     """(x float32[N, F + 2], y int[N]) of :func:`~bot.classifier.data_rows` and the knowledge base's own
-    examples: each pair's retrieval features, then the topic prior's :func:`~bot.topic_prior.prior_terms`
+    examples: each pair's retrieval features, then the topic prior's :meth:`~bot.topic_prior.TopicPrior.terms`
     from logits of a prior not trained on the question (``example_logits`` float32[examples, topics]
     and ``row_logits`` text -> float32[topics], :func:`out_of_fold_logits`); lines the prior does not
     learn (the negatives) are read by ``prior`` itself."""
     xs, ys = [], []
 
     def add(feats: np.ndarray, topic: int, logits: np.ndarray, fits: bool) -> None:
-        xs.append(np.concatenate([feats, prior_terms(logits, topic)]))
+        xs.append(np.concatenate([feats, TopicPrior.terms(logits, topic)]))
         ys.append(int(fits))
 
     examples, _ = Retriever.example_texts(retriever.kb)
@@ -98,7 +98,7 @@ def training_pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndar
             add(retriever.pair_features(vector, text, topic=int(owner), exclude=i)[1], int(owner), example_logits[i], True)
     for row, vector in zip(rows, vectors):
         text = query_text(row["q"])
-        logits = row_logits[text] if text in row_logits else vector @ prior.coef + prior.intercept
+        logits = row_logits[text] if text in row_logits else prior.logits(vector)
         topic, feats = retriever.pair_features(vector, text)
         add(feats, topic, logits, row["intent"] == "answer" and retriever.topic_ids[topic] in row["topics"])
         if row["intent"] == "answer":  # a near topic that is not the answer: the runner-up negative
@@ -148,7 +148,7 @@ class TopicFit:
 
     def probability(self, features: np.ndarray, prior: np.ndarray | None) -> float:
         """P(fit) in [0, 1] for one float32[F] retrieval feature vector and the topic prior's
-        float32[2] :func:`~bot.topic_prior.prior_terms` of the same topic; ``prior`` None (the prior is
+        float32[2] :meth:`~bot.topic_prior.TopicPrior.terms` of the same topic; ``prior`` None (the prior is
         off until the next start after a reload changed the topics) reads the training pairs' mean."""
         terms = np.asarray(self.report["prior_terms_mean"], dtype=np.float32) if prior is None else prior
         return float(_sigmoid(self.network.logits(np.concatenate([features, terms]))[0] / self.temperature))

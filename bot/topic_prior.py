@@ -83,12 +83,9 @@ def out_of_fold_logits(x: np.ndarray, y: np.ndarray, topics: int) -> np.ndarray:
     return out
 
 
-def prior_terms(logits: np.ndarray, topic: int) -> np.ndarray:
-    """float32[2] for the topic-fit verifier (bot/topic_fit.py): the topic's log-probability ratio to
-    the classifier's favourite (floored at :data:`FLOOR`) and its probability, for logits float32[topics]."""
-    z = logits.astype(np.float64) - float(logits.max())
-    p = np.exp(z)
-    return np.asarray([max(z[topic], FLOOR), p[topic] / p.sum()], dtype=np.float32)
+def _log_ratio(z: np.ndarray) -> np.ndarray:
+    """log(p(t) / max_t p(t)) in [:data:`FLOOR`, 0] for logits z float32[topics]."""
+    return np.maximum(z - z.max(), FLOOR)
 
 
 def training_lines(retriever: Retriever, known: dict[str, np.ndarray], rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -130,20 +127,28 @@ class TopicPrior:
     intercept: np.ndarray
     report: dict
 
+    def logits(self, q: np.ndarray) -> np.ndarray:
+        """float32[topics]: the classifier's logits for q float32[D]."""
+        return q @ self.coef + self.intercept
+
     def log_ratio(self, q: np.ndarray) -> np.ndarray:
         """float32[topics]: log(p(t | q) / max_t p(t | q)) in [:data:`FLOOR`, 0] for q float32[D]."""
-        z = q @ self.coef + self.intercept
-        return np.maximum(z - z.max(), FLOOR)
+        return _log_ratio(self.logits(q))
 
-    def terms(self, q: np.ndarray, topic: int) -> np.ndarray:
-        """:func:`prior_terms` of ``topic`` for q float32[D]."""
-        return prior_terms(q @ self.coef + self.intercept, topic)
+    @staticmethod
+    def terms(logits: np.ndarray, topic: int) -> np.ndarray:
+        """float32[2] for the topic-fit verifier (bot/topic_fit.py): the topic's log-probability ratio
+        to the classifier's favourite (floored at :data:`FLOOR`) and its probability, for
+        :meth:`logits` float32[topics]."""
+        z = logits.astype(np.float64) - float(logits.max())
+        p = np.exp(z)
+        return np.asarray([max(z[topic], FLOOR), p[topic] / p.sum()], dtype=np.float32)
 
-    def ranking(self, hybrid: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    def ranking(self, hybrid: np.ndarray, logits: list[np.ndarray]) -> np.ndarray:
         """float32[topics]: ``hybrid`` plus :data:`PRIOR_WEIGHT` times the mean log-ratio of the
-        vectors ``qs`` float32[K, D] (a follow-up's ``context + text`` and ``text``, as retrieval
-        averages their scores)."""
-        return hybrid + PRIOR_WEIGHT * np.mean([self.log_ratio(q) for q in qs], axis=0)
+        :meth:`logits` of K question vectors (a follow-up's ``context + text`` and ``text``, as
+        retrieval averages their scores)."""
+        return hybrid + PRIOR_WEIGHT * np.mean([_log_ratio(z) for z in logits], axis=0)
 
     @classmethod
     async def build(cls, retriever: Retriever, cache_dir: Path | None = None, model_digest: str = "",
