@@ -26,15 +26,19 @@ class MemoryStore:
     def _expiry(ttl_s: float | None) -> float | None:
         return None if ttl_s is None else time.time() + ttl_s
 
-    async def get(self, key: str) -> str | None:
+    def _text(self, key: str) -> str | None:
+        """The live string at ``key`` (None when absent, expired or a list)."""
         value = self._live(key)
         return value if isinstance(value, str) else None
+
+    async def get(self, key: str) -> str | None:
+        return self._text(key)
 
     async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
         self._values[key] = (value, self._expiry(ttl_s))
 
     async def get_many(self, keys) -> list[str | None]:
-        return [value if isinstance(value := self._live(k), str) else None for k in keys]
+        return [self._text(k) for k in keys]
 
     async def set_many(self, items) -> None:
         for key, value, ttl_s in items:
