@@ -11,13 +11,30 @@ lookahead / lookbehind groups). Removing an assertion only ever lets more string
 clause is a substring of the message, so: if the relaxed pattern finds nothing in the whole
 message, the original finds nothing in any clause. One ``search`` over the message then rules
 a pattern out; only when it finds something is the exact clause-by-clause search run.
+
+:func:`required_literals` is cheaper still: strings of which every match of a pattern contains
+at least one ("胸口?(?:疼|痛)" → {"疼", "痛"}, "\\bchest pain" → {"chest pain"}), read from the
+pattern's parse tree. A message that contains none of them cannot match. :class:`LiteralIndex`
+finds, for a message, the entries of a table (all 161 red flags, about 1,150 strings) whose
+strings it contains, by looking up the message's own characters and character pairs, instead
+of a test per string.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 
-__all__ = ["relax", "screen"]
+try:  # the parser behind re.compile (Python 3.11+); without it no pattern is indexed
+    from re import _constants as _sre
+    from re import _parser as _sre_parse
+except ImportError:  # pragma: no cover - older or other Pythons
+    _sre = _sre_parse = None
+
+__all__ = ["LiteralIndex", "relax", "required_literals", "screen"]
+
+MAX_REQUIRED = 64
+"""Most strings :func:`required_literals` returns; more would cost about as much as a search."""
 
 _ESCAPED_ASSERTIONS = ("\\b", "\\B", "\\A", "\\Z")
 
@@ -106,3 +123,104 @@ def screen(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
         return re.compile(relax(pattern.pattern), pattern.flags)
     except (ValueError, re.error):
         return None
+
+
+def _better(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
+    """The more selective requirement: the longer shortest string, then fewer strings."""
+    if a is None or b is None:
+        return a if b is None else b
+    return a if (min(map(len, a)), -len(a)) >= (min(map(len, b)), -len(b)) else b
+
+
+def _required(items: Sequence) -> frozenset[str] | None:
+    """A requirement of a sequence of parsed items: runs of literals, or one item's requirement."""
+    best: frozenset[str] | None = None
+    run: list[str] = []
+    for op, av in items:
+        if op is _sre.LITERAL:
+            run.append(chr(av))
+            continue
+        if run:
+            best, run = _better(best, frozenset(["".join(run)])), []
+        best = _better(best, _required_item(op, av))
+    return _better(best, frozenset(["".join(run)])) if run else best
+
+
+def _required_item(op, av) -> frozenset[str] | None:  # noqa: ANN001 - sre parse-tree items
+    if op is _sre.IN:
+        if all(kind is _sre.LITERAL for kind, _ in av):
+            return frozenset(chr(c) for _, c in av)
+        return None  # NEGATE, ranges, categories: too wide
+    if op is _sre.BRANCH:
+        union: set[str] = set()
+        for alternative in av[1]:
+            found = _required(alternative)
+            if found is None:
+                return None
+            union |= found
+        return frozenset(union)
+    if op is _sre.SUBPATTERN:
+        _group, add_flags, _del_flags, sub = av
+        return None if add_flags & _sre.SRE_FLAG_IGNORECASE else _required(sub)
+    if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT, getattr(_sre, "POSSESSIVE_REPEAT", None)):
+        low, _high, sub = av
+        return _required(sub) if low >= 1 else None
+    if op is getattr(_sre, "ATOMIC_GROUP", None):
+        return _required(av)
+    return None  # ANY, NOT_LITERAL, CATEGORY, assertions, group references: nothing required
+
+
+def required_literals(pattern: re.Pattern[str]) -> frozenset[str] | None:
+    """Strings of which every match of ``pattern`` contains at least one, or None when none can
+    be named (the pattern may match without any particular text, it ignores case, or it cannot
+    be parsed). At most :data:`MAX_REQUIRED` strings.
+
+    Read from the parse tree of :mod:`re` itself: a run of literals requires itself, a class of
+    literals any one of them, alternatives the union of theirs, a sequence the most selective of
+    its parts' (the longest shortest string), a repeat at least once its body's; anything else
+    requires nothing.
+    """
+    if _sre_parse is None or pattern.flags & re.IGNORECASE:
+        return None
+    try:
+        found = _required(_sre_parse.parse(pattern.pattern, pattern.flags))
+    except Exception:  # noqa: BLE001 - an internal parser we only read; no requirement then
+        return None
+    return found if found and "" not in found and len(found) <= MAX_REQUIRED else None
+
+
+class LiteralIndex:
+    """Which entries of a table a text contains a required string of.
+
+    Args:
+        entries: per entry, the strings of which a text must contain one for the entry to
+            match (:func:`required_literals`); an empty entry is a candidate for every text.
+
+    A string of one character is looked up by that character, a longer one by its first two
+    (every string a text contains starts with one of the text's characters or pairs), and then
+    checked with ``in``.
+    """
+
+    def __init__(self, entries: Iterable[Sequence[str]]) -> None:
+        self._by_key: dict[str, list[tuple[int, str]]] = {}
+        always: list[int] = []
+        for i, words in enumerate(entries):
+            if not words:
+                always.append(i)
+            for word in words:
+                self._by_key.setdefault(word[:2], []).append((i, word))
+        self._always = frozenset(always)
+
+    def candidates(self, text: str) -> list[int]:
+        """Indices of the entries ``text`` contains a string of (and the always-candidates), ascending."""
+        by_key = self._by_key
+        found = set(self._always)
+        keys = set(text)
+        keys.update(text[i:i + 2] for i in range(len(text) - 1))
+        for key in keys:
+            hits = by_key.get(key)
+            if hits is not None:
+                for i, word in hits:
+                    if i not in found and (len(word) <= 2 or word in text):
+                        found.add(i)
+        return sorted(found)

@@ -1,4 +1,5 @@
-"""safety/regex_screen.py: a relaxed pattern never misses what the exact one finds in a clause."""
+"""safety/regex_screen.py: a relaxed pattern, or a required string, never misses what the exact
+pattern finds in a clause."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 import pytest
 
 from safety import triage
-from safety.regex_screen import relax, screen
+from safety.regex_screen import LiteralIndex, relax, required_literals, screen
 
 
 @pytest.mark.parametrize("pattern, relaxed", [
@@ -48,3 +49,35 @@ def test_every_red_flag_screen_finds_what_its_pattern_finds_in_a_clause():
                     assert relaxed.search(view), (flag.name, pattern.pattern, text)
                     checked += 1
     assert checked > 200
+
+
+@pytest.mark.parametrize("pattern, words", [
+    (r"胸口?(?:疼|痛)", {"胸"}),  # re merges 胸口|胸 into 胸 then an optional 口
+    (r"\bchest pain\b", {"chest pain"}),  # the longest run of literals wins
+    (r"(?:ab|cd)+x?", {"ab", "cd"}),  # alternatives: the union; a repeat of at least one: its body's
+    (r"[疼痛]得厉害", {"得厉害"}),
+    (r"(?=x)y", {"y"}),  # a lookahead requires nothing of its own
+    (r"a?b*", None), (r"[^a]+", None), (r"(?i)abc", None), (r"(?:x|)", None), (r"\d{2}", None),
+])
+def test_required_literals(pattern, words):
+    found = required_literals(re.compile(pattern))
+    assert (None if found is None else set(found)) == words
+
+
+def test_literal_index_finds_entries_by_their_strings():
+    index = LiteralIndex([("胸",), ("chest pain", "heart attack"), (), ("出冷汗",)])
+    assert index.candidates("胸口疼") == [0, 2]
+    assert index.candidates("crushing chest pain") == [1, 2]
+    assert index.candidates("chest hurts") == [2]  # "ch" is there, "chest pain" is not
+    assert index.candidates("一直出冷汗，胸闷") == [0, 2, 3]
+
+
+def test_the_literal_index_rules_out_only_flags_that_cannot_match():
+    """Every red flag's literals appear in every text where the flag's patterns match a clause."""
+    examples = [f.example for f in triage.RED_FLAGS if f.example]
+    for text in examples:
+        view = triage.normalize(text).text.translate(triage._CANTONESE)
+        candidates = set(triage._LITERALS.candidates(view))
+        for i, (flag, patterns, _nb, _unless) in enumerate(triage._COMPILED):
+            if all(any(p.search(c) for c in triage._clauses(view)) for p in patterns):
+                assert i in candidates, (flag.name, text)
