@@ -31,7 +31,7 @@ try:  # the parser behind re.compile (Python 3.11+); without it no pattern is in
 except ImportError:  # pragma: no cover - older or other Pythons
     _sre = _sre_parse = None
 
-__all__ = ["LiteralIndex", "relax", "required_literals", "screen"]
+__all__ = ["LiteralIndex", "all_required_literals", "relax", "required_literals", "screen"]
 
 MAX_REQUIRED = 64
 """Most strings :func:`required_literals` returns; more would cost about as much as a search."""
@@ -187,6 +187,15 @@ def required_literals(pattern: re.Pattern[str]) -> frozenset[str] | None:
     except Exception:  # noqa: BLE001 - an internal parser we only read; no requirement then
         return None
     return found if found and "" not in found and len(found) <= MAX_REQUIRED else None
+
+
+def all_required_literals(patterns: Iterable[re.Pattern[str]]) -> tuple[str, ...]:
+    """For patterns that must all match: the most selective of their :func:`required_literals`
+    (sorted), or ``()`` when none names any."""
+    best: frozenset[str] | None = None
+    for found in map(required_literals, patterns):
+        best = _better(best, found)
+    return tuple(sorted(best)) if best else ()
 
 
 class LiteralIndex:

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from safety.normalize import normalize
+from safety.regex_screen import LiteralIndex, all_required_literals
 
 __all__ = ["ScopeResult", "ScopeRule", "SCOPE_RULES", "DEPARTMENTS", "check_scope", "matching_rule", "refer_reply"]
 
@@ -111,8 +112,13 @@ _COMPILED = tuple((r, re.compile(r.pattern), re.compile(r.unless) if r.unless el
                    re.compile(r.also) if r.also else None) for r in SCOPE_RULES)
 
 
+# Per rule, strings of which a message must contain one for ``pattern`` and ``also`` to match.
+_LITERALS = LiteralIndex(all_required_literals(p for p in (pattern, also) if p) for _r, pattern, _u, also in _COMPILED)
+
+
 def _first_rule(view: str) -> ScopeRule | None:
-    for rule, pattern, unless, also in _COMPILED:
+    for i in _LITERALS.candidates(view):  # the others lack a string their patterns need
+        rule, pattern, unless, also = _COMPILED[i]
         if pattern.search(view) and not (unless and unless.search(view)) and not (also and not also.search(view)):
             return rule
     return None

@@ -47,7 +47,7 @@ import yaml
 
 from safety.config import SafetyConfig
 from safety.normalize import normalize, to_user_script
-from safety.regex_screen import LiteralIndex, required_literals, screen
+from safety.regex_screen import LiteralIndex, all_required_literals, screen
 
 __all__ = ["TriageResult", "RedFlag", "RED_FLAGS", "load_red_flags", "triage", "match_red_flags", "emergency_reply",
            "crisis_reply", "HONG_KONG_EMERGENCY", "UK_HK_EMERGENCY_EN"]
@@ -181,18 +181,8 @@ _COMPILED: tuple[tuple[RedFlag, tuple[re.Pattern[str], ...], re.Pattern[str] | N
 _SCREENS = tuple(tuple(screen(p) for p in patterns) for _flag, patterns, _nb, _unless in _COMPILED)
 
 
-def _flag_literals(patterns: tuple[re.Pattern[str], ...]) -> tuple[str, ...]:
-    """Strings of which a message must contain one for the flag to match (its patterns' most
-    selective :func:`~safety.regex_screen.required_literals`); empty when none can be named."""
-    best: frozenset[str] | None = None
-    for found in map(required_literals, patterns):
-        if found is not None and (best is None or (min(map(len, found)), -len(found)) > (min(map(len, best)), -len(best))):
-            best = found
-    return tuple(sorted(best)) if best else ()
-
-
 # Per flag, the cheapest test that rules it out: none of these strings in the message.
-_LITERALS = LiteralIndex(_flag_literals(patterns) for _flag, patterns, _nb, _unless in _COMPILED)
+_LITERALS = LiteralIndex(all_required_literals(patterns) for _flag, patterns, _nb, _unless in _COMPILED)
 
 # --------------------------------------------------------------------------------------
 # Context that cancels a match: negation, distant past, prevention framing

@@ -81,3 +81,11 @@ def test_the_literal_index_rules_out_only_flags_that_cannot_match():
         for i, (flag, patterns, _nb, _unless) in enumerate(triage._COMPILED):
             if all(any(p.search(c) for c in triage._clauses(view)) for p in patterns):
                 assert i in candidates, (flag.name, text)
+
+
+def test_the_literal_index_keeps_every_scope_rule_that_matches_its_example():
+    from safety import scope
+    for i, (rule, pattern, _unless, also) in enumerate(scope._COMPILED):
+        view = scope.without_non_drug(scope.normalize(rule.example).text)
+        if pattern.search(view) and (also is None or also.search(view)):
+            assert i in scope._LITERALS.candidates(view), rule.name
