@@ -605,3 +605,27 @@ async def test_sqlite_processes_opening_one_new_file_at_the_same_moment_all_open
         outs = [p.communicate(timeout=60) for p in procs]
         assert [p.returncode for p in procs] == [0] * 8, [err[-300:] for _, err in outs if err]
         assert all(out.strip() == "opened" for out, _ in outs)
+
+
+async def test_redis_commands_of_one_loop_turn_share_a_pipeline_and_keep_their_own_replies(redis_server):
+    """bot/store/redis_batch.py: concurrent callers' commands go out together; each gets its own
+    reply, a command's own error stays with its caller, and a lone command is sent at once."""
+    _flush(redis_server.url)
+    store = await open_store(redis_server.url)
+    try:
+        await store.set("lone", "1")
+        assert (store.batcher.pipelines, store.batcher.commands) == (1, 1)  # nobody else in flight: alone
+        await store.push("a_list", "x")  # a list: GET on it is WRONGTYPE, which get() reads as absent
+        claims = [store.set_if_absent("claim", str(i), 30.0) for i in range(20)]
+        results = await asyncio.gather(
+            *claims, store.get("lone"), store.get("a_list"), store.take_token("bucket", 1.0, 2),
+            store.set_many([(f"k{i}", str(i), 30.0) for i in range(5)]), store.get_many(["k1", "lone", "nope"]))
+        assert results[:20].count(True) == 1  # SET NX: exactly one claim, as when sent alone
+        # in submission order: set_many's k1 lands before get_many reads it
+        assert results[20:25] == ["1", None, True, None, ["1", "1", None]]
+        assert store.batcher.pipelines < 10  # 28 commands after the first in a few pipelines, not 27 round trips
+        assert await store.get_many(["k1", "k4"]) == ["1", "4"]
+        with pytest.raises(StoreError, match="WRONGTYPE"):  # a command's own error, raised to its caller
+            await asyncio.gather(store._send(lambda p: p.lpush("lone", "x")), store.get("lone"))
+    finally:
+        await store.close()

@@ -10,7 +10,7 @@ Atomicity, per the Redis docs:
 * claims are one ``SET key value NX PX ms`` (https://redis.io/docs/latest/commands/set/):
   of any number of concurrent callers exactly one gets OK;
 * compare-and-delete, the token bucket, push (type check + ``RPUSH`` + ``PEXPIRE``)
-  and pop_all (``LRANGE`` + ``DEL``) are Lua scripts: "Redis guarantees the
+  and pop_all (``LRANGE`` + ``DEL``) are Lua scripts (sent with ``EVAL``): "Redis guarantees the
   script's atomic execution … no other script or Redis command will be executed
   while a script is executing" (https://redis.io/docs/latest/develop/interactive/programmability/eval-intro/);
 * the token bucket reads the server's clock (``TIME``), so replicas with skewed
@@ -19,6 +19,9 @@ Atomicity, per the Redis docs:
 Token buckets are hashes under :data:`BUCKET_PREFIX` + key (their own key space,
 as in :class:`~bot.store.memory.MemoryStore`); each expires once it would be full
 again, which is the same as absent. TTLs are rounded up to whole milliseconds.
+
+The commands of all the messages in flight that become ready in one turn of the event loop are
+sent as one pipeline (bot/store/redis_batch.py): each is atomic on its own, as alone.
 
 When Redis stops answering (issue 21) callers go on without it (bot/store/health.py).
 So that each message does not wait for every one of its store calls to fail in turn,
@@ -32,11 +35,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from bot.store.base import StoreError
 from bot.store.health import OK, PROBE_KEY, UNREACHABLE, UNWRITABLE
+from bot.store.redis_batch import CommandBatcher
 
 try:
     from redis.asyncio import BlockingConnectionPool, Redis
@@ -153,10 +157,8 @@ class RedisStore:
         kw = pool.connection_kwargs
         self.address = kw["path"] if kw.get("path") else f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
         self.db = int(kw.get("db") or 0)
-        self._delete_if_equal = client.register_script(_DELETE_IF_EQUAL)
-        self._take_token = client.register_script(_TAKE_TOKEN)
-        self._push = client.register_script(_PUSH)
-        self._pop_all = client.register_script(_POP_ALL)
+        #: Commands of one event-loop turn share a pipeline (bot/store/redis_batch.py).
+        self.batcher = CommandBatcher(client)
         #: Monotonic time until which calls fail without trying (Redis did not answer).
         self._down_until = 0.0
         self._down_reason = ""
@@ -226,14 +228,30 @@ class RedisStore:
             self._down_reason = str(e).rstrip(". ") or type(e).__name__
             raise error from e
         except RedisError as e:
-            raise StoreError(f"Redis at {self.address} (db {self.db}): {e}") from e
+            raise self._error(e) from e
         self._down_until = 0.0
         return result
+
+    def _error(self, e: RedisError) -> StoreError:
+        return StoreError(f"Redis at {self.address} (db {self.db}): {e}")
+
+    async def _send(self, add: Callable[[Any], None], count: int = 1) -> list[Any]:
+        """The replies to the ``count`` commands ``add`` puts on the loop turn's pipeline
+        (:class:`~bot.store.redis_batch.CommandBatcher`); a command's own error is raised."""
+        replies = await self._call(self.batcher.run(add, count))
+        for reply in replies:
+            if isinstance(reply, RedisError):
+                raise self._error(reply) from reply
+        return replies
+
+    async def _script(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One Lua script, sent with ``EVAL`` (see bot/store/redis_batch.py)."""
+        return (await self._send(lambda p: p.eval(script, len(keys), *keys, *args)))[0]
 
     async def get(self, key: str) -> str | None:
         """The string at ``key``, or None if absent, expired or not a string (a list)."""
         try:
-            return await self._call(self._client.get(key))
+            return (await self._send(lambda p: p.get(key)))[0]
         except StoreError as e:
             if isinstance(e.__cause__, ResponseError) and "WRONGTYPE" in str(e.__cause__):
                 return None
@@ -243,33 +261,32 @@ class RedisStore:
         """``MGET``: the strings at ``keys``, in order (None where absent or not a string)."""
         if not keys:
             return []
-        return list(await self._call(self._client.mget(list(keys))))
+        return list((await self._send(lambda p: p.mget(list(keys))))[0])
 
     async def set_many(self, items: Sequence[tuple[str, str, float | None]]) -> None:
         """One ``SET key value [PX ms]`` per item, sent as one pipeline (one round trip; not a transaction)."""
         if not items:
             return
-        pipe = self._client.pipeline(transaction=False)
-        for key, value, ttl_s in items:
-            pipe.set(key, value, px=None if ttl_s is None else _ms(ttl_s))
-        await self._call(pipe.execute())
+        def add(pipe: Any) -> None:
+            for key, value, ttl_s in items:
+                pipe.set(key, value, px=None if ttl_s is None else _ms(ttl_s))
+        await self._send(add, len(items))
 
     async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
         """``SET key value [PX ms]``: replaces any value (a list too); expires after ``ttl_s`` seconds."""
-        await self._call(self._client.set(key, value, px=None if ttl_s is None else _ms(ttl_s)))
+        await self._send(lambda p: p.set(key, value, px=None if ttl_s is None else _ms(ttl_s)))
 
     async def set_if_absent(self, key: str, value: str, ttl_s: float | None = None) -> bool:
         """Claim ``key`` with ``SET key value NX [PX ms]``; True for exactly one concurrent caller."""
-        return bool(await self._call(
-            self._client.set(key, value, nx=True, px=None if ttl_s is None else _ms(ttl_s))))
+        return bool((await self._send(lambda p: p.set(key, value, nx=True, px=None if ttl_s is None else _ms(ttl_s))))[0])
 
     async def delete(self, key: str) -> None:
         """``DEL key`` (no error if absent; buckets are kept)."""
-        await self._call(self._client.delete(key))
+        await self._send(lambda p: p.delete(key))
 
     async def delete_if_equal(self, key: str, value: str) -> bool:
         """Compare-and-delete in one Lua script (lock release); True if removed."""
-        return bool(await self._call(self._delete_if_equal(keys=[key], args=[value])))
+        return bool(await self._script(_DELETE_IF_EQUAL, [key], [value]))
 
     async def take_token(self, key: str, rate_per_s: float, burst: int) -> bool:
         """Token bucket in one Lua script: capacity ``burst``, refilled at ``rate_per_s`` tokens/s.
@@ -277,21 +294,20 @@ class RedisStore:
         Uses the Redis server's clock. A bucket never seen (or expired because it
         was full again) starts full. Returns True if a token was taken.
         """
-        return bool(await self._call(self._take_token(
-            keys=[BUCKET_PREFIX + key], args=[repr(float(rate_per_s)), int(burst)])))
+        return bool(await self._script(_TAKE_TOKEN, [BUCKET_PREFIX + key], [repr(float(rate_per_s)), int(burst)]))
 
     async def push(self, key: str, value: str, ttl_s: float | None = None) -> None:
         """``RPUSH`` + ``PEXPIRE`` (or ``PERSIST``) in one Lua script; a string at ``key`` is replaced."""
-        await self._call(self._push(keys=[key], args=[value, "" if ttl_s is None else _ms(ttl_s)]))
+        await self._script(_PUSH, [key], [value, "" if ttl_s is None else _ms(ttl_s)])
 
     async def pop_all(self, key: str) -> list[str]:
         """``LRANGE 0 -1`` + ``DEL`` in one Lua script: the list, oldest first ([] if none)."""
-        return list(await self._call(self._pop_all(keys=[key])))
+        return list(await self._script(_POP_ALL, [key], []))
 
     async def read_all(self, key: str) -> list[str]:
         """``LRANGE 0 -1``: the list, oldest first, left in place ([] if none or not a list)."""
         try:
-            return list(await self._call(self._client.lrange(key, 0, -1)))
+            return list((await self._send(lambda p: p.lrange(key, 0, -1)))[0])
         except StoreError as e:
             if isinstance(e.__cause__, ResponseError) and "WRONGTYPE" in str(e.__cause__):
                 return []
@@ -322,6 +338,7 @@ class RedisStore:
 
     async def close(self) -> None:
         """Close the client and every pooled connection; safe to call twice."""
+        await self.batcher.close()
         close = getattr(self._client, "aclose", None) or self._client.close
         await close()
         await self._pool.disconnect()
