@@ -181,6 +181,17 @@ async def test_a_facet_follow_up_answers_the_facet_of_the_topic_in_context(dispa
     assert topic.facet_text("elders", "zh")[:20] in elders.text
 
 
+@pytest.mark.parametrize("first, topic, second, target", [
+    ("成人湿疹 皮肤老是干痒起疹子 平时怎么护理", "skin.eczema_adult", "孩子呢", "infant.eczema"),
+    ("晚饭吃太晚对身体不好吗", "nutri.late_dinner", "那运动呢", "exercise.after_meal")])
+async def test_a_facet_that_points_to_another_topic_gets_that_topics_answer(dispatcher, first, topic, second, target):
+    """``facets: {children: {see: infant.eczema}}``: a topic written for the group answers its follow-up."""
+    user = f"see-{topic}"
+    assert (await dispatcher.handle(_msg(user, 1, first))).topic == topic
+    reply = await dispatcher.handle(_msg(user, 2, second))
+    assert reply.intent is Intent.ANSWER and dispatcher.kb.topics[target].answer["zh"][:30] in reply.text
+
+
 @pytest.mark.parametrize("first, topic, second", [
     ("is 3 cups of coffee a day too much?", "nutri.coffee", "what if ur pregnant? just found out lol"),
     ("Do I really need sunscreen every day even when it's cloudy?", "habit.sun",
