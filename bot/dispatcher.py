@@ -269,7 +269,7 @@ class Dispatcher:
         referral = care_team_reply(norm, lang)
         retriever, head, topic_fit = self.retriever, self.head, self.topic_fit  # one model per message: bot/model_reload.py
         last = retriever.kb.topics.get(session.last_topic or "")
-        plan = (plan_follow_up(norm.text, last, retriever) if intent is None and scope is None
+        plan = (await plan_follow_up(mask_pii(norm.text), last, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
         if plan.ask_back:  # a follow-up with nothing before it: ask, don't guess
             return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}

@@ -144,17 +144,39 @@ async def loose_follows(retriever: Retriever, text: str, context: str, topic_id:
     return follows_topic(found.matches[0].score, found.context_score)
 
 
-def plan_follow_up(text: str, last: Topic | None, retriever: Retriever) -> FollowUpPlan:
-    """How to read ``text`` (normalized) given the topic answered last (``None``: none in the
-    last 30 minutes). A message that names a subject the topic never mentions ("老人便秘怎么办"
-    after insomnia: ``Retriever.new_subject``) is a question of its own."""
+#: How many of its own nearest topics a message with a facet cue may put the topic in context
+#: among and still follow it although it names a word that topic never uses (:func:`plan_follow_up`).
+OWN_READING_TOP = 3
+
+
+async def _near_on_its_own(retriever: Retriever, text: str, topic_id: str) -> bool:
+    """Whether ``text`` read on its own has ``topic_id`` among its :data:`OWN_READING_TOP` nearest
+    topics (False when the encoder cannot serve)."""
+    try:
+        found = await retriever.search(text)
+    except (BusyError, DeadlineExceeded, EngineError):
+        return False
+    return topic_id in [m.topic_id for m in found.matches[:OWN_READING_TOP]]
+
+
+async def plan_follow_up(text: str, last: Topic | None, retriever: Retriever) -> FollowUpPlan:
+    """How to read ``text`` (normalized, personal data masked) given the topic answered last
+    (``None``: none in the last 30 minutes).
+
+    A message with a facet cue that names a subject the topic never mentions ("老人便秘怎么办"
+    after insomnia: ``Retriever.new_subject``) is a question of its own, unless, read on its own,
+    it still has that topic among its nearest (:data:`OWN_READING_TOP`): "what about for kids? my
+    son got burned too" after sunburn names "burned", which the sunburn topic never says, and is
+    about sunburn all the same; "吃了冰西瓜拉肚子了 怎么调理" after the walk-after-meals topic is not.
+    """
     strict = read_follow_up(text)
     if last is None:
         return FollowUpPlan(ask_back=strict is not None or is_bare_follow_up(text))
     if strict is not None:
         return FollowUpPlan(facet=strict)
     tied, loose = read_tied_follow_up(text), read_loose_follow_up(text)
-    if (tied or loose) and retriever.new_subject(without_cues(text), last.id, _rules().generic) is None:
+    if (tied or loose) and (retriever.new_subject(without_cues(text), last.id, _rules().generic) is None
+                            or await _near_on_its_own(retriever, text, last.id)):
         return FollowUpPlan(facet=tied) if tied else FollowUpPlan(loose=loose, with_context=True)
     return FollowUpPlan(with_context=is_follow_up(text))
 

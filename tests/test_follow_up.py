@@ -205,6 +205,18 @@ async def test_a_follow_up_that_names_who_it_is_for_gets_that_facet_of_the_topic
     assert reply.topic == topic and dispatcher.kb.topics[topic].facet_text("pregnancy", "en")[:30] in reply.text
 
 
+async def test_a_cue_message_that_names_a_new_word_but_reads_near_the_topic_follows_it(dispatcher):
+    """"姜汤" and "鼻塞" are words the ginger topic never uses, but read on its own the message still
+    has that topic among its nearest: its children's facet answers (bot/follow_up.py
+    ``OWN_READING_TOP``). A new complaint after another topic is still a question of its own."""
+    first = await dispatcher.handle(_msg("near1", 1, "刚感冒，鼻子塞，流清鼻涕，有点怕冷，喝姜汤有用吗"))
+    assert first.topic == "nutri.ginger"
+    reply = await dispatcher.handle(_msg("near1", 2, "孩子也鼻塞 小朋友能喝姜汤吗 3岁半"))
+    assert reply.topic == "nutri.ginger" and dispatcher.kb.topics["nutri.ginger"].facet_text("children", "zh")[:20] in reply.text
+    assert (await dispatcher.handle(_msg("near2", 1, "饭后百步走 活到九十九 对不对"))).topic == "exercise.after_meal"
+    assert (await dispatcher.handle(_msg("near2", 2, "吃了冰西瓜拉肚子了 怎么调理"))).topic == "digest.diarrhea"
+
+
 async def test_a_longer_question_of_its_own_is_not_taken_for_a_follow_up_of_the_last_topic(dispatcher):
     """It has a facet cue (食疗: diet) but, read on its own, names constipation: it is answered as
     itself, not as the diet facet of the older-parent topic answered before it."""
