@@ -230,11 +230,25 @@ def _add_logger_name(logger: Any, method: str, event_dict: EventDict) -> EventDi
 
 
 class _NamedPrintLogger(structlog.PrintLogger):
-    """A :class:`structlog.PrintLogger` that remembers the name given to ``get_logger``."""
+    """A :class:`structlog.PrintLogger` that remembers the name given to ``get_logger`` and writes
+    each line, newline included, with one write.
+
+    ``print`` writes the text and the newline apart; with ``PYTHONUNBUFFERED`` (a write-through
+    stream) that is two ``write`` calls, and the front-end processes of ``serve --processes N``,
+    which share one stderr, then put two JSON objects on one line now and then.
+    """
 
     def __init__(self, file: TextIO, name: str = "") -> None:
         super().__init__(file)
         self.name = name
+
+    def msg(self, message: str) -> None:
+        with self._lock:
+            self._file.write(message + "\n")
+            self._file.flush()
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
 
 
 def config_secrets(cfg: Any) -> list[str]:

@@ -118,6 +118,30 @@ def test_exceptions_and_standard_library_lines_are_masked_and_secrets_scrubbed(c
     assert stdlib["logger"] == "aiohttp.server" and stdlib["event"] == "client [PHONE] sent [ADDRESS]"
 
 
+_LOG_WRITER = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import structlog
+from bot.logs import configure_logging
+configure_logging("INFO", "json", [])
+for i in range(1500):
+    structlog.get_logger("t").info("line", n=i, pid=os.getpid(), pad="x" * 200)
+"""
+
+
+def test_processes_sharing_one_stderr_never_put_two_lines_on_one(tmp_path: Path):
+    """serve --processes N: the front ends share one stderr. With PYTHONUNBUFFERED, print() wrote a
+    line and its newline apart, and 1,742 of 12,000 lines from four processes came out broken."""
+    shared = tmp_path / "shared.log"
+    with shared.open("ab") as err:
+        procs = [subprocess.Popen([sys.executable, "-c", _LOG_WRITER, str(REPO_ROOT)], stderr=err,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"}) for _ in range(4)]
+        assert [p.wait(timeout=60) for p in procs] == [0] * 4
+    lines = shared.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 6000
+    assert all(json.loads(line)["event"] == "line" for line in lines)
+
+
 def test_console_format_is_human_readable():
     buf = io.StringIO()
     with restored_logging():
