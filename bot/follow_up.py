@@ -165,9 +165,10 @@ async def plan_follow_up(text: str, last: Topic | None, retriever: Retriever) ->
 
     A message with a facet cue that names a subject the topic never mentions ("老人便秘怎么办"
     after insomnia: ``Retriever.new_subject``) is a question of its own, unless, read on its own,
-    it still has that topic among its nearest (:data:`OWN_READING_TOP`): "what about for kids? my
-    son got burned too" after sunburn names "burned", which the sunburn topic never says, and is
-    about sunburn all the same; "吃了冰西瓜拉肚子了 怎么调理" after the walk-after-meals topic is not.
+    it still has that topic among its nearest (:data:`OWN_READING_TOP`): "孩子也鼻塞 小朋友能喝姜汤吗"
+    after the ginger answer names "鼻塞", which that topic never says, and asks about ginger for
+    children all the same; "吃了冰西瓜拉肚子了 怎么调理" after the walk-after-meals topic does not.
+    Chosen on follow-up sets 1-5 and the standalone-question guard (evals/README.md).
     """
     strict = read_follow_up(text)
     if last is None:
