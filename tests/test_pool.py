@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -151,12 +152,14 @@ class DeviceEngine:
         self.calls = 0
         self.fail = False
         self.hold: threading.Event | None = None
+        self.busy_s = 0.0  # how long each batch keeps the device busy (without using the CPU)
         self.closed = False
 
     def infer(self, input_ids, attention_mask):
         self.calls += 1
         if self.hold is not None:
             self.hold.wait(5)
+        time.sleep(self.busy_s)
         if self.fail:
             raise EngineError(f"CUDA error on device {self.device}: an illegal memory access was encountered")
         return np.stack([np.full(len(input_ids), self.device), attention_mask.sum(1)], 1).astype(np.float32)
@@ -204,7 +207,12 @@ async def test_each_batch_goes_to_the_least_loaded_device():
 
 
 async def test_busy_devices_share_the_load_evenly():
+    """Each batch keeps its device busy 5 ms, as a real one would: a batch waiting for a device
+    takes whichever frees first. (With instant batches, how many each device took depended on how
+    fast its thread was scheduled: 33 / 7 once on a loaded 2-core machine.)"""
     pool, made = await gpu_pool(devices=(0, 1))
+    for d in (0, 1):
+        made[d][0].busy_s = 0.005
     outs = await asyncio.gather(*(pool.run_batch([[0, 5, 2]] * 4) for _ in range(40)))
     per_device = [made[d][0].calls for d in (0, 1)]
     assert sum(per_device) == 40 and min(per_device) >= 10  # both used, neither starved
