@@ -269,7 +269,10 @@ class Dispatcher:
         referral = care_team_reply(norm, lang)
         retriever, head, topic_fit = self.retriever, self.head, self.topic_fit  # one model per message: bot/model_reload.py
         last = retriever.kb.topics.get(session.last_topic or "")
-        plan = (await plan_follow_up(mask_pii(norm.text), last, retriever) if intent is None and scope is None
+        # Personal data (a phone number, an ID) says nothing about the question and pulls the
+        # embedding toward "call me": the follow-up reading, retrieval and the head read it masked.
+        masked = mask_pii(norm.text)
+        plan = (await plan_follow_up(masked, last, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
         if plan.ask_back:  # a follow-up with nothing before it: ask, don't guess
             return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}
@@ -278,10 +281,7 @@ class Dispatcher:
         # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
         context = last.title[lang] if plan.with_context else None
         try:
-            # Personal data (a phone number, an ID) says nothing about the question and pulls
-            # the embedding toward "call me": retrieval and the head read it masked.
-            found = await retriever.search(mask_pii(norm.text), context=context,
-                                                context_topic=last.id if context else None)
+            found = await retriever.search(masked, context=context, context_topic=last.id if context else None)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
             # inference worker process is restarting). What the rules decided still goes out;
@@ -323,7 +323,7 @@ class Dispatcher:
         # nothing but the head's doubts stands against it and the message follows that topic
         if plan.loose is not None and (d.intent in (Intent.ANSWER, Intent.NO_ANSWER) or d.source == "head" and d.intent in (
                 Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)) and await loose_follows(
-                    retriever, mask_pii(norm.text), context, last.id, best.score, found.context_score):
+                    retriever, masked, context, last.id, best.score, found.context_score):
             return self._follow_up(inbound, state, session, last, plan.loose.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"
