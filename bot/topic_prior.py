@@ -83,11 +83,6 @@ def out_of_fold_logits(x: np.ndarray, y: np.ndarray, topics: int) -> np.ndarray:
     return out
 
 
-def _log_ratio(z: np.ndarray) -> np.ndarray:
-    """log(p(t) / max_t p(t)) in [:data:`FLOOR`, 0] for logits z float32[topics]."""
-    return np.maximum(z - z.max(), FLOOR)
-
-
 def training_lines(retriever: Retriever, known: dict[str, np.ndarray], rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(x float32[N, D], topic indices y int[N]): the retriever's example vectors, then ``rows``
     (answer lines whose first topic is in the base, vectors in ``known``)."""
@@ -131,9 +126,10 @@ class TopicPrior:
         """float32[topics]: the classifier's logits for q float32[D]."""
         return q @ self.coef + self.intercept
 
-    def log_ratio(self, q: np.ndarray) -> np.ndarray:
-        """float32[topics]: log(p(t | q) / max_t p(t | q)) in [:data:`FLOOR`, 0] for q float32[D]."""
-        return _log_ratio(self.logits(q))
+    @staticmethod
+    def log_ratio(logits: np.ndarray) -> np.ndarray:
+        """float32[topics]: log(p(t) / max_t p(t)) in [:data:`FLOOR`, 0] for :meth:`logits` float32[topics]."""
+        return np.maximum(logits - logits.max(), FLOOR)
 
     @staticmethod
     def terms(logits: np.ndarray, topic: int) -> np.ndarray:
@@ -148,7 +144,7 @@ class TopicPrior:
         """float32[topics]: ``hybrid`` plus :data:`PRIOR_WEIGHT` times the mean log-ratio of the
         :meth:`logits` of K question vectors (a follow-up's ``context + text`` and ``text``, as
         retrieval averages their scores)."""
-        return hybrid + PRIOR_WEIGHT * np.mean([_log_ratio(z) for z in logits], axis=0)
+        return hybrid + PRIOR_WEIGHT * np.mean([self.log_ratio(z) for z in logits], axis=0)
 
     @classmethod
     async def build(cls, retriever: Retriever, cache_dir: Path | None = None, model_digest: str = "",

@@ -35,7 +35,7 @@ async def test_the_prior_ranks_but_the_reported_scores_stay_the_hybrid_ones(disp
     assert prior is not None and prior.coef.shape == (384, len(retriever.topic_ids))
     text = query_text("吃完饭就胀气 肚子鼓鼓的 嗝也打不出来")
     vector = (await retriever.encoder.encode([text]))[0]
-    ratio = prior.log_ratio(vector)
+    ratio = prior.log_ratio(prior.logits(vector))
     assert ratio.max() == 0.0 and ratio.min() >= FLOOR
     assert retriever.topic_ids[int(ratio.argmax())] == "digest.bloating"
     found = await retriever.search(text)
