@@ -31,8 +31,8 @@ from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
 from bot.dedup import ExactlyOnce, MessageState, OnceCache, message_key
-from bot.follow_up import (FollowUpPlan, ask_back_reply, follow_up_reply, loose_follows, more_reply,
-                            plan_follow_up, read_named_facet)
+from bot.follow_up import FollowUpPlan, ask_back_reply, follow_up_reply, more_reply, read_named_facet
+from bot.follow_up_judge import plan_follow_up
 from bot.handoff import HandoffManager
 from bot.intents import (BUSY_REPLY, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY,
                          abuse_reply, care_team_reply, drop_handoff_offer, greeting_reply, intent_reply, is_abuse,
@@ -272,7 +272,7 @@ class Dispatcher:
         # Personal data (a phone number, an ID) says nothing about the question and pulls the
         # embedding toward "call me": the follow-up reading, retrieval and the head read it masked.
         masked = mask_pii(norm.text)
-        plan = (await plan_follow_up(masked, last, retriever) if intent is None and scope is None
+        plan = (await plan_follow_up(masked, last, lang, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
         if plan.ask_back:  # a follow-up with nothing before it: ask, don't guess
             return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}
@@ -281,7 +281,8 @@ class Dispatcher:
         # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
         context = last.title[lang] if plan.with_context else None
         try:
-            found = await retriever.search(masked, context=context, context_topic=last.id if context else None)
+            # context_topic as the follow-up judge asked it: its readings of the message are reused (bot/search_cache.py)
+            found = await retriever.search(masked, context=context, context_topic=last.id if last else None)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
             # inference worker process is restarting). What the rules decided still goes out;
@@ -319,11 +320,10 @@ class Dispatcher:
                 body = f"{body}\n{net_line}"
             return out(body, intent, safety_net=net_ids, engine=retriever.encoder.engine_name, **kw)
 
-        # a cue inside a short message ("我外公快九十了 老人洗要注意啥"): the topic in context answers when
-        # nothing but the head's doubts stands against it and the message follows that topic
+        # a cue inside a message the judge read as following the topic in context ("我外公快九十了 老人洗要注意啥"):
+        # that topic answers when nothing but the head's doubts stands against it
         if plan.loose is not None and (d.intent in (Intent.ANSWER, Intent.NO_ANSWER) or d.source == "head" and d.intent in (
-                Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)) and await loose_follows(
-                    retriever, masked, context, last.id, best.score, found.context_score):
+                Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)):
             return self._follow_up(inbound, state, session, last, plan.loose.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"

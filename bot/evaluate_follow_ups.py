@@ -12,6 +12,14 @@ it contains:
 - ``honest_missing``: the topic lacks the facet and the reply says so;
 - ``repeated``: the second reply is the first answer word for word (never wanted).
 
+A line with ``second_topics`` (the topics that answer the second turn on its own, best first;
+``[]`` for none) and ``second_intent`` (answer, no_answer, refer_doctor, emergency) instead of
+``facet`` is a switch: a second turn that asks about something else in the words follow-ups use
+("我家孩子老是流鼻血 怎么回事" after insomnia). It is scored as *taken* when the first turn got a
+topic that does not answer the second and the second reply comes from that same topic (a false
+follow-up), and *right* when the second reply is what the second turn asks for (one of its topics,
+or its intent).
+
 Figures: share of conversations whose first turn got the labelled topic, share whose
 second turn got the facet's text (end to end, and among first turns answered on topic
 with a topic that has the facet), honest replies for missing facets, repeats.
@@ -46,13 +54,17 @@ class FollowUpResult:
     honest_missing: int = 0        # the topic lacks the facet and the reply says so
     missing: int = 0               # first turn answered with a topic that lacks the facet
     repeated: int = 0
+    switches: int = 0              # lines whose second turn asks about something else
+    switches_after_topic: int = 0  # ... whose first turn got a topic that does not answer the second
+    switches_taken: int = 0        # ... whose second reply came from that topic all the same
+    switches_right: int = 0        # second reply what the second turn asks for
     misses: list[dict] = field(default_factory=list)
 
     def summary(self) -> dict:
         """The figures as a dict (shares in 0..1; ``missing_facet_said_honestly`` None when no facet was missing)."""
-        n = max(self.conversations, 1)
+        n = max(self.conversations - self.switches, 1)
         return {
-            "conversations": self.conversations,
+            "conversations": self.conversations - self.switches,
             "first_turn_on_topic": self.first_on_topic / n,
             "facet_given": self.facet_given / n,
             "facet_given_when_on_topic_and_present": self.facet_given_on_topic / max(self.facet_exists, 1),
@@ -60,10 +72,16 @@ class FollowUpResult:
             "missing_facet_said_honestly": self.honest_missing / self.missing if self.missing else None,
             "missing_facet": self.missing,
             "repeated_word_for_word": self.repeated,
+            "switches": self.switches,
+            "switches_taken_for_follow_ups": self.switches_taken,
+            "switches_after_another_topic": self.switches_after_topic,
+            "switches_right": self.switches_right / self.switches if self.switches else None,
         }
 
 
 FACET_LABELS = (*FACETS, SEE_DOCTOR, "more")
+#: What the second turn of a switch asks for when no topic answers it.
+SWITCH_INTENTS = ("answer", "no_answer", "refer_doctor", "emergency")
 
 
 def read_conversations(path: Path) -> list[dict] | None:
@@ -73,8 +91,12 @@ def read_conversations(path: Path) -> list[dict] | None:
     for n, row in read_jsonl(path):
         if not rows and "turns" not in row:
             return None
-        if not isinstance(row.get("turns"), list) or len(row["turns"]) < 2 or row.get("facet") not in FACET_LABELS \
-                or not isinstance(row.get("topic"), str):
+        two = isinstance(row.get("turns"), list) and len(row["turns"]) >= 2
+        if "second_topics" in row:
+            if not (two and isinstance(row["second_topics"], list) and row.get("second_intent") in SWITCH_INTENTS):
+                raise ValueError(f"{path}:{n}: a switch needs 'turns' (two messages), 'second_topics' (a list) and "
+                                 f"'second_intent' ({', '.join(SWITCH_INTENTS)})")
+        elif not two or row.get("facet") not in FACET_LABELS or not isinstance(row.get("topic"), str):
             raise ValueError(f"{path}:{n}: needs 'turns' (two messages), 'topic' and 'facet' ({', '.join(FACET_LABELS)})")
         rows.append(row)
     return rows
@@ -111,6 +133,9 @@ async def evaluate_follow_ups(dispatcher: Dispatcher, rows: list[dict]) -> Follo
             replies.append(await dispatcher.handle(Inbound("eval", user, user, f"{user}-{n}", MessageKind.TEXT, text)))
         first, second = replies
         res.conversations += 1
+        if "second_topics" in row:
+            _score_switch(res, row, first, second)
+            continue
         res.repeated += first.intent is Intent.ANSWER and second.text == first.text
         topic = dispatcher.kb.topics.get(first.topic or "")
         on_topic = first.topic == row["topic"]
@@ -131,10 +156,24 @@ async def evaluate_follow_ups(dispatcher: Dispatcher, rows: list[dict]) -> Follo
     return res
 
 
+def _score_switch(res: FollowUpResult, row: dict, first, second) -> None:
+    res.switches += 1
+    wanted = row["second_topics"]
+    if first.topic is not None and first.topic not in wanted:
+        res.switches_after_topic += 1
+        res.switches_taken += second.topic == first.topic
+    right = second.topic in wanted if row["second_intent"] == "answer" else (
+        second.intent.value == row["second_intent"] or second.topic is None)
+    res.switches_right += right
+    if not right or first.topic not in wanted and second.topic == first.topic:
+        res.misses.append({"turns": row["turns"], "second_topics": wanted, "first_topic": first.topic,
+                           "second_topic": second.topic, "second_intent": second.intent.value})
+
+
 def format_follow_up_report(res: FollowUpResult) -> str:
-    """The figures as lines of text."""
+    """The figures as lines of text (facet follow-ups, then switches, each when the file has any)."""
     s = res.summary()
-    return "\n".join([
+    facets = [
         f"conversations                         {s['conversations']}",
         f"first turn on the labelled topic      {s['first_turn_on_topic']:.1%}",
         f"second turn got the facet's text      {s['facet_given']:.1%} (end to end)",
@@ -143,4 +182,11 @@ def format_follow_up_report(res: FollowUpResult) -> str:
         f"facet missing from the topic          {s['missing_facet']}, said honestly "
         f"{'n/a' if s['missing_facet_said_honestly'] is None else format(s['missing_facet_said_honestly'], '.1%')}",
         f"second reply = first word for word    {s['repeated_word_for_word']}",
-    ])
+    ] if s["conversations"] else []
+    switches = [
+        f"switches (second turn about something else)  {s['switches']}",
+        f"  taken for a follow-up of the first topic   {s['switches_taken_for_follow_ups']} of "
+        f"{s['switches_after_another_topic']} answered with another topic first",
+        f"  second reply what it asks for              {s['switches_right']:.1%}",
+    ] if s["switches"] else []
+    return "\n".join(facets + switches)

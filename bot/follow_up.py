@@ -12,8 +12,9 @@ stripped, then a facet cue inside a frame must make up the whole rest), and
   for elders, children and pregnancy a doctor or pharmacist first;
 - no topic in context: ask what the user means instead of guessing.
 
-A message with more in it than a facet ("老人便秘怎么办") is not a follow-up here and is
-read on its own by retrieval. Facet names: :data:`bot.knowledge.FACETS` plus
+A message with more in it than a facet but a facet cue somewhere ("我外公快九十了 老人洗要注意啥",
+"老人便秘怎么办"): :func:`read_cue` says what it would ask of the topic in context, and the follow-up
+judge (bot/follow_up_judge.py) whether it asks that or something of its own. Facet names: :data:`bot.knowledge.FACETS` plus
 ``see_doctor`` (every topic's "when to see a doctor").
 """
 
@@ -28,8 +29,6 @@ import yaml
 
 from bot.knowledge import FACETS, KnowledgeBase, Topic
 from bot.retrieval import Retriever
-from inference.batcher import BusyError, DeadlineExceeded
-from inference.engines.base import EngineError
 
 RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
 
@@ -41,9 +40,10 @@ POPULATION_FACETS = frozenset({"elders", "children", "pregnancy"})
 #: (longer ones stand alone).
 MAX_CHARS = 40
 MAX_WORDS = 16
-#: Longest message read as a population follow-up tied to the last answer (:func:`read_tied_follow_up`).
-TIED_MAX_CHARS = 60
-TIED_MAX_WORDS = 24
+#: Longest message with a facet cue that may follow the topic in context (:func:`read_cue`):
+#: characters, or words for Latin script.
+CUE_MAX_CHARS = 60
+CUE_MAX_WORDS = 24
 #: Longest message read with the topic in context, characters.
 FOLLOW_UP_MAX_CHARS = 24
 
@@ -58,15 +58,15 @@ class FollowUp:
 
 @dataclass(frozen=True)
 class FollowUpPlan:
-    """How the dispatcher reads a message in a conversation (:func:`plan_follow_up`).
+    """How the dispatcher reads a message in a conversation (bot/follow_up_judge.py ``plan_follow_up``).
 
     Attributes:
         ask_back: a follow-up with no topic in context: ask what the user means.
         facet: a short message that is only a facet cue ("老人呢"): answered from the topic in
             context at once; ``FollowUp(None)`` for "还有呢".
-        loose: a short message with a facet cue and no subject of its own ("老人洗要注意啥 我外公快
-            九十了"): answered from the topic in context when the decision allows an answer and
-            retrieval read with that topic puts no other topic clearly ahead (:func:`follows_topic`).
+        loose: a message with a facet cue that the follow-up judge read as asking about the topic
+            in context ("老人洗要注意啥 我外公快九十了"): answered from that topic when the decision
+            allows an answer.
         with_context: retrieval reads the message together with the topic in context.
     """
 
@@ -76,110 +76,11 @@ class FollowUpPlan:
     with_context: bool = False
 
 
-#: How far (hybrid retrieval score, bot/retrieval.py) the best topic may be ahead of the topic
-#: in context when a message with a facet cue is read with that topic and still follows it.
-#: Chosen on two sets of two-turn conversations and standalone questions put after a random
-#: topic (evals/follow_ups.jsonl and a second blind set): at 0.02, 90 % of follow-ups follow
-#: and 5 % of standalone questions with a facet cue are taken for follow-ups.
-FOLLOW_MARGIN = 0.02
-
-
-def follows_topic(best_score: float, context_score: float) -> bool:
-    """Whether a message with a facet cue, read with the topic in context, asks about that topic:
-    no other topic scores more than :data:`FOLLOW_MARGIN` above it."""
-    return best_score - context_score <= FOLLOW_MARGIN
-
-
-#: Retrieval confidence (bot/retrieval.py ``confidence``) at which a message read on its own
-#: names a topic of its own, so that it does not follow another one; and the length from which a
-#: message, the words for who it is for left out, says enough to be read so (characters, or words
-#: for Latin script). Chosen on the follow-up sets and on 902 standalone questions with a facet
-#: cue put after an unrelated topic (evals/README.md, "Follow-up conversations").
-NAMED_CONFIDENCE = 0.8
-NAMING_CHARS = 18
-NAMING_WORDS = 9
-
-
-async def loose_follows(retriever: Retriever, text: str, context: str, topic_id: str, best_score: float,
-                        context_score: float) -> bool:
-    """Whether a short message with a facet cue (:func:`read_loose_follow_up`) asks about the topic
-    in context, given its reading with that topic (``best_score``, ``context_score``). With the
-    words for pregnancy, children or elders blanked out (the subject):
-
-    - a subject of :data:`NAMING_CHARS` characters (:data:`NAMING_WORDS` words) or more that, read
-      on its own, names another topic with confidence :data:`NAMED_CONFIDENCE` is a question of
-      its own ("孩子挑食不爱吃青菜 追着喂都不吃 怎么办" after a stroke answer);
-    - else it follows when no topic is more than :data:`FOLLOW_MARGIN` ahead of the topic in
-      context;
-    - else, when it named who it is for, it follows when the subject does not name another topic
-      on its own and, read with the topic, puts none more than :data:`FOLLOW_MARGIN` ahead: the
-      words for a population pull toward the topics about it (pregnancy diet, infant feeding),
-      which "what if ur pregnant? just found out lol" does not ask about.
-
-    Args:
-        text: the normalized message (PII masked).
-        context: the title of the topic in context; ``topic_id`` its id.
-
-    Returns False when the encoder cannot serve (busy, past its deadline, no engine): the
-    message is then answered from its own reading.
-    """
-    subject = " ".join(without_population(text).split())
-    if not subject:  # nothing but who it is for: "孕妇呢" with more words around the cue
-        return True
-    naming = (len(subject.split()) >= NAMING_WORDS if subject.isascii()
-              else len(subject.replace(" ", "")) >= NAMING_CHARS)
-    near = follows_topic(best_score, context_score)
-    try:
-        if naming or not near:
-            alone = (await retriever.search(subject)).matches[0]
-            if alone.topic_id != topic_id and alone.confidence >= NAMED_CONFIDENCE:
-                return False
-        if near:
-            return True
-        if subject == " ".join(text.split()):
-            return False
-        found = await retriever.search(subject, context=context, context_topic=topic_id)
-    except (BusyError, DeadlineExceeded, EngineError):
-        return False
-    return follows_topic(found.matches[0].score, found.context_score)
-
-
-#: How many of its own nearest topics a message with a facet cue may put the topic in context
-#: among and still follow it although it names a word that topic never uses (:func:`plan_follow_up`).
-OWN_READING_TOP = 3
-
-
-async def _near_on_its_own(retriever: Retriever, text: str, topic_id: str) -> bool:
-    """Whether ``text`` read on its own has ``topic_id`` among its :data:`OWN_READING_TOP` nearest
-    topics (False when the encoder cannot serve)."""
-    try:
-        found = await retriever.search(text)
-    except (BusyError, DeadlineExceeded, EngineError):
-        return False
-    return topic_id in [m.topic_id for m in found.matches[:OWN_READING_TOP]]
-
-
-async def plan_follow_up(text: str, last: Topic | None, retriever: Retriever) -> FollowUpPlan:
-    """How to read ``text`` (normalized, personal data masked) given the topic answered last
-    (``None``: none in the last 30 minutes).
-
-    A message with a facet cue that names a subject the topic never mentions ("老人便秘怎么办"
-    after insomnia: ``Retriever.new_subject``) is a question of its own, unless, read on its own,
-    it still has that topic among its nearest (:data:`OWN_READING_TOP`): "孩子也鼻塞 小朋友能喝姜汤吗"
-    after the ginger answer names "鼻塞", which that topic never says, and asks about ginger for
-    children all the same; "吃了冰西瓜拉肚子了 怎么调理" after the walk-after-meals topic does not.
-    Chosen on follow-up sets 1-5 and the standalone-question guard (evals/README.md).
-    """
-    strict = read_follow_up(text)
-    if last is None:
-        return FollowUpPlan(ask_back=strict is not None or is_bare_follow_up(text))
-    if strict is not None:
-        return FollowUpPlan(facet=strict)
-    tied, loose = read_tied_follow_up(text), read_loose_follow_up(text)
-    if (tied or loose) and (retriever.new_subject(without_cues(text), last.id, _rules().generic) is None
-                            or await _near_on_its_own(retriever, text, last.id)):
-        return FollowUpPlan(facet=tied) if tied else FollowUpPlan(loose=loose, with_context=True)
-    return FollowUpPlan(with_context=is_follow_up(text))
+def new_subject_of(retriever: Retriever, text: str, topic_id: str) -> str | None:
+    """A word of ``text`` (normalized) that names a subject topic ``topic_id`` never mentions
+    ("便秘" in "老人便秘怎么办" after insomnia; :meth:`~bot.retrieval.Retriever.new_subject`), its
+    facet cues and the rules' generic words left out; None when there is none."""
+    return retriever.new_subject(without_cues(text), topic_id, _rules().generic)
 
 
 @dataclass(frozen=True)
@@ -253,36 +154,41 @@ def read_follow_up(text: str) -> FollowUp | None:
     return None
 
 
-def read_loose_follow_up(text: str) -> FollowUp | None:
-    """The facet a short message in a conversation asks for when a cue appears anywhere in it
-    ("老人洗要注意啥 我外公快九十了" -> elders, "should i still hit the gym?" -> activity), or a
-    request for more; ``None`` without a cue or for a long message. Whether it asks about the
-    topic in context or names a subject of its own is for retrieval to say (bot/dispatcher.py).
+def read_cue(text: str) -> tuple[FollowUp, bool] | None:
+    """What a message with a facet cue anywhere in it would ask of the topic in context, and
+    whether it ties itself to the last answer; ``None`` without a cue or past :data:`CUE_MAX_CHARS`
+    characters (:data:`CUE_MAX_WORDS` words for Latin script). Whether it asks about that topic or
+    about something of its own is for the follow-up judge (bot/follow_up_judge.py).
+
+    - tied to the last answer, with who it is for: that group's facet ("我爸76了也这样 老年人要注意啥");
+    - else the first facet cue found ("老人洗要注意啥 我外公快九十了" -> elders, "should i still hit the
+      gym?" -> activity: :func:`read_named_facet`);
+    - else a request for more ("还有别的办法吗" -> ``FollowUp(None)``).
 
     Args:
         text: the normalized message (Simplified Chinese, lowercase Latin).
     """
     text = text.strip().lower()
-    if not text or _length(text) > (MAX_WORDS if text.isascii() else MAX_CHARS):
+    if not text or _length(text) > (CUE_MAX_WORDS if text.isascii() else CUE_MAX_CHARS):
         return None
-    found = read_follow_up(text) or read_named_facet(text)
-    if found is not None:
-        return found
-    return FollowUp(None) if _rules().more_loose.search(text) else None
+    if (tied := read_tied_follow_up(text)) is not None:
+        return tied, True
+    if (named := read_named_facet(text)) is not None:
+        return named, False
+    return (FollowUp(None), False) if _rules().more_loose.search(text) else None
 
 
 def read_tied_follow_up(text: str) -> FollowUp | None:
     """The population facet a message asks for when it names who it is for and ties itself to the
     answer just given ("我爸76了也这样 老年人要注意啥", "孕妇也脚肿 一样处理吗", "what about my dad, same
-    thing?"; the rules' ``same`` words); ``None`` otherwise or past :data:`TIED_MAX_CHARS` characters
-    (:data:`TIED_MAX_WORDS` words for Latin script). Whether it names a subject of its own is for
-    retrieval to say (:func:`plan_follow_up`).
+    thing?"; the rules' ``same`` words); ``None`` otherwise or past :data:`CUE_MAX_CHARS` characters
+    (:data:`CUE_MAX_WORDS` words for Latin script).
 
     Args:
         text: the normalized message (Simplified Chinese, lowercase Latin).
     """
     text = text.strip().lower()
-    if not text or _length(text) > (TIED_MAX_WORDS if text.isascii() else TIED_MAX_CHARS):
+    if not text or _length(text) > (CUE_MAX_WORDS if text.isascii() else CUE_MAX_CHARS):
         return None
     rules = _rules()
     cues = dict(rules.loose)
@@ -298,22 +204,12 @@ def read_named_facet(text: str) -> FollowUp | None:
     return next((FollowUp(name) for name, pattern in _rules().loose if pattern.search(text)), None)
 
 
-def _blank(text: str, facets: frozenset[str] | None = None) -> str:
-    """``text`` with the loose cues of ``facets`` (None: every facet) blanked out."""
-    for name, pattern in _rules().loose:
-        if facets is None or name in facets:
-            text = pattern.sub(" ", text)
-    return text
-
-
 def without_cues(text: str) -> str:
     """``text`` with every facet and "more" cue blanked out: what is left names the subject, if any."""
-    return _rules().more_loose.sub(" ", _blank(text))
-
-
-def without_population(text: str) -> str:
-    """``text`` with the cues of who it is for (pregnancy, children, elders) blanked out."""
-    return _blank(text, POPULATION_FACETS)
+    rules = _rules()
+    for _, pattern in rules.loose:
+        text = pattern.sub(" ", text)
+    return rules.more_loose.sub(" ", text)
 
 
 def is_follow_up(text: str) -> bool:

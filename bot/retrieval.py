@@ -173,6 +173,9 @@ class Retriever:
         #: ranks topics with the hybrid score (bot/topic_prior.py :class:`~bot.topic_prior.TopicPrior`),
         #: set after build; None ranks by the hybrid score alone
         self.prior = None
+        #: whether a message with a facet cue follows the topic in context (bot/follow_up_judge.py
+        #: :class:`~bot.follow_up_judge.FollowJudge`), set after build; None reads every such message on its own
+        self.follow_judge = None
         #: results of repeated questions (bot/search_cache.py), as many as the embedding cache holds
         self.results: SearchCache[SearchResult] = SearchCache(getattr(getattr(encoder, "cache", None), "size", 0))
         # rows of each topic, padded with -1 into int64[topics, most examples] for top-k
@@ -390,9 +393,21 @@ class Retriever:
         """
         if (kept := self.results.get(key := (text, k, context, context_topic, self.mode))) is not None:
             return kept
+        texts = self.search_texts(text, context)
+        result = self.read(texts, await self.encoder.encode(texts), k, context_topic)
+        self.results.put(key, result)
+        return result
+
+    @staticmethod
+    def search_texts(text: str, context: str | None = None) -> list[str]:
+        """The texts :meth:`search` embeds for ``text`` (and ``context``): ``[text]`` or
+        ``[context + text, text]``, everyday wordings mapped (bot/terms.py)."""
         text = canonical_terms(text)
-        texts = [text] if context is None else [f"{context} {text}", text]
-        qs = await self.encoder.encode(texts)
+        return [text] if context is None else [f"{context} {text}", text]
+
+    def read(self, texts: list[str], qs: np.ndarray, k: int = 3, context_topic: str | None = None) -> SearchResult:
+        """:meth:`search` on :meth:`search_texts` ``texts`` already embedded as ``qs`` float32[len(texts), D]
+        (training reads many at once; nothing is cached)."""
         terms = [tokenize(t) for t in texts]  # jieba once per text: BM25 and the coverage feature
         parts = [self._score(q, ts) for q, ts in zip(qs, terms)]
         hybrid, dense, best_single, lexical = (np.mean([p[j] for p in parts], axis=0) for j in range(4))
@@ -416,11 +431,9 @@ class Retriever:
                            self.centroids[best], self.coverage(terms[-1], best),
                            self.answer_scores(qs[-1]))
         context_score = float(hybrid[self.topic_ids.index(context_topic)]) if context_topic in self.topic_ids else None
-        result = SearchResult(out, off_topic, nearest, qs[-1], qs[0] if context is not None else None, fit, context_score,
-                              contested=bool(hybrid[best] < hybrid.max()),
-                              prior_terms=None if logits is None else self.prior.terms(logits[-1], best))
-        self.results.put(key, result)
-        return result
+        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if len(qs) > 1 else None, fit, context_score,
+                            contested=bool(hybrid[best] < hybrid.max()),
+                            prior_terms=None if logits is None else self.prior.terms(logits[-1], best))
 
 
 def confidence(score: float, margin: float) -> float:

@@ -15,6 +15,7 @@ import structlog
 from threadpoolctl import threadpool_limits
 
 from bot.classifier import DecisionHead
+from bot.follow_up_judge import FollowJudge
 from bot.topic_fit import TopicFit
 from bot.topic_prior import TopicPrior
 from bot.config import Config
@@ -49,8 +50,9 @@ def model_digest(cfg: Config, manifest: dict | None = None) -> str:
 
 async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[Retriever, DecisionHead, TopicFit]:
     """What is computed from the model for ``kb``: the retriever (the examples' vectors) with its
-    topic prior (bot/topic_prior.py), the decision head and the topic-fit verifier, each cached
-    in engines/cache under ``digest`` (:func:`model_digest`) plus ``encoder.variant`` and its
+    topic prior (bot/topic_prior.py) and follow-up judge (bot/follow_up_judge.py), the decision
+    head and the topic-fit verifier, each cached in engines/cache under ``digest``
+    (:func:`model_digest`) plus ``encoder.variant`` and its
     data's digest: seconds when cached, one to three minutes on 2 CPU cores when not."""
     cache, key = cfg.engines_path / "cache", digest + encoder.variant
     # indexing the topics (scopes, BM25) takes seconds to tens of seconds at every start
@@ -60,6 +62,7 @@ async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[
     head = await DecisionHead.build(kb, encoder, cache_dir=cache, model_digest=key, known=known)
     retriever.prior = await TopicPrior.build(retriever, cache_dir=cache, model_digest=key, known=known)
     fit = await TopicFit.build(retriever, retriever.prior, cache_dir=cache, model_digest=key, known=known)
+    retriever.follow_judge = await FollowJudge.build(retriever, cache_dir=cache, model_digest=key)
     return retriever, head, fit
 
 

@@ -197,8 +197,8 @@ async def test_a_facet_that_points_to_another_topic_gets_that_topics_answer(disp
     ("Do I really need sunscreen every day even when it's cloudy?", "habit.sun",
      "safe to use when pregnant? heard the chemical ones r bad")])
 async def test_a_follow_up_that_names_who_it_is_for_gets_that_facet_of_the_topic(dispatcher, first, topic, second):
-    """Read whole, "pregnant" pulls these toward the pregnancy-diet topics; with that word blanked
-    out nothing else is named, so the topic in context answers (bot/follow_up.py loose_follows)."""
+    """Read whole, "pregnant" pulls these toward the pregnancy-diet topics; the follow-up judge
+    (bot/follow_up_judge.py) reads them as asking about the topic in context all the same."""
     user = f"who-{topic}"
     assert (await dispatcher.handle(_msg(user, 1, first))).topic == topic
     reply = await dispatcher.handle(_msg(user, 2, second))
@@ -206,9 +206,9 @@ async def test_a_follow_up_that_names_who_it_is_for_gets_that_facet_of_the_topic
 
 
 async def test_a_cue_message_that_names_a_new_word_but_reads_near_the_topic_follows_it(dispatcher):
-    """"姜汤" and "鼻塞" are words the ginger topic never uses, but read on its own the message still
-    has that topic among its nearest: its children's facet answers (bot/follow_up.py
-    ``OWN_READING_TOP``). A new complaint after another topic is still a question of its own."""
+    """"姜汤" and "鼻塞" are words the ginger topic never uses, but read with that topic the message
+    follows it (bot/follow_up_judge.py): its children's facet answers. A new complaint after another
+    topic is still a question of its own."""
     first = await dispatcher.handle(_msg("near1", 1, "刚感冒，鼻子塞，流清鼻涕，有点怕冷，喝姜汤有用吗"))
     assert first.topic == "nutri.ginger"
     reply = await dispatcher.handle(_msg("near1", 2, "孩子也鼻塞 小朋友能喝姜汤吗 3岁半"))
@@ -218,11 +218,14 @@ async def test_a_cue_message_that_names_a_new_word_but_reads_near_the_topic_foll
 
 
 async def test_a_longer_question_of_its_own_is_not_taken_for_a_follow_up_of_the_last_topic(dispatcher):
-    """It has a facet cue (食疗: diet) but, read on its own, names constipation: it is answered as
-    itself, not as the diet facet of the older-parent topic answered before it."""
+    """It has a facet cue (食疗: diet) but names constipation: the follow-up judge reads it as a
+    question of its own, so it gets the reply it gets with nothing before it, not the diet facet of
+    the older-parent topic answered before it."""
+    question = "三四天才解一次大便 又干又硬 不想吃药 有没有食疗"
+    alone = await dispatcher.handle(_msg("own0", 1, question))
     assert (await dispatcher.handle(_msg("own1", 1, "我妈一个人住在老家 我在外地 怎么照看她"))).topic == "family.living_alone"
-    reply = await dispatcher.handle(_msg("own1", 2, "三四天才解一次大便 又干又硬 不想吃药 有没有食疗"))
-    assert reply.topic == "digest.constipation", reply
+    reply = await dispatcher.handle(_msg("own1", 2, question))
+    assert reply.topic != "family.living_alone" and (reply.intent, reply.topic) == (alone.intent, alone.topic), reply
 
 
 @pytest.mark.parametrize("name, floor", [("follow_ups.jsonl", 0.80), ("follow_ups_2.jsonl", 0.70)])
@@ -257,11 +260,16 @@ def test_healthbot_eval_scores_a_conversation_file_and_refuses_a_bad_one(cli_mai
     good.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in [
         {"lang": "zh", "topic": "sleep.insomnia", "turns": ["失眠怎么调理", "那饮食上呢"], "facet": "diet"},
         {"lang": "en", "topic": "sleep.insomnia", "turns": ["I can't fall asleep at night", "anything else?"],
-         "facet": "more"}]) + "\n", encoding="utf-8")
+         "facet": "more"},
+        {"lang": "zh", "topic": "sleep.insomnia", "turns": ["失眠怎么调理", "我家孩子老是流鼻血 怎么回事"],
+         "second_topics": ["firstaid.nosebleed"], "second_intent": "answer"}]) + "\n", encoding="utf-8")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": ["only one"], "facet": "diet", "topic": "sleep.insomnia"}\n', encoding="utf-8")
     assert cli_main(["eval", str(bad)]) == 2 and "needs 'turns'" in capsys.readouterr().err
+    bad.write_text('{"turns": ["a", "b"], "second_topics": "sleep.insomnia", "second_intent": "answer"}\n', encoding="utf-8")
+    assert cli_main(["eval", str(bad)]) == 2 and "a switch needs" in capsys.readouterr().err
     assert cli_main(["eval", "--json", str(good)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["conversations"] == 2 and summary["repeated_word_for_word"] == 0
     assert summary["facet_given_when_on_topic_and_present"] == 1.0
+    assert summary["switches"] == 1 and summary["switches_taken_for_follow_ups"] == 0

@@ -1,0 +1,80 @@
+"""The follow-up judge (bot/follow_up_judge.py): whether a message with a facet cue asks about the
+topic just answered, with the real model, knowledge base and trained judge."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.follow_up import FollowUp, read_cue
+from bot.follow_up_judge import FEATURES, FOLLOW_PROBABILITY, judge_features, plan_follow_up, training_pairs
+from inference.batcher import BusyError
+from safety.normalize import normalize
+
+
+def _norm(text: str) -> str:
+    return normalize(text).text
+
+
+@pytest.mark.parametrize("text, cue", [
+    ("我爸76了也这样 老年人要注意啥", (FollowUp("elders"), True)),
+    ("我外公快九十了 老人洗要注意啥", (FollowUp("elders"), False)),
+    ("should i still hit the gym today?", (FollowUp("activity"), False)),
+    ("还有别的办法吗 眼药水不想一直点", (FollowUp(None), False)),
+    ("my 5 year old too? does this apply to kids", (FollowUp("children"), True)),
+    ("头疼了三天", None),
+    ("我家老人最近晚上老是睡不着觉，白天又没精神，吃饭也不香，一个人在家总是唉声叹气，儿女都在外地工作，"
+     "我们做子女的应该怎么办才好呢 有什么好办法吗", None),  # past CUE_MAX_CHARS: a question of its own
+])
+def test_a_cue_says_what_a_message_would_ask_of_the_topic_in_context(text, cue):
+    assert read_cue(_norm(text)) == cue
+
+
+async def test_the_trained_judge_tells_a_follow_up_from_a_question_of_its_own(dispatcher):
+    retriever = dispatcher.retriever
+    judge = retriever.follow_judge
+    assert judge is not None and judge.weights.shape == (len(FEATURES),)
+    assert judge.report["pairs"] > 1000 and 0 < judge.report["follows"] < judge.report["pairs"]
+    assert judge.report["held_out_accuracy"] > 0.8
+    insomnia, cold_hands = retriever.kb.topics["sleep.insomnia"], retriever.kb.topics["body.cold_hands_feet"]
+
+    async def p(text: str, topic) -> float:
+        t = _norm(text)
+        return judge.probability(await judge_features(retriever, t, topic, "zh", read_cue(t)))
+
+    assert await p("我妈七十多了也睡不好 老人要注意啥", insomnia) >= FOLLOW_PROBABILITY
+    assert await p("我爸76了也这样 老年人要注意啥", cold_hands) >= FOLLOW_PROBABILITY
+    assert await p("我家孩子老是流鼻血 怎么回事", insomnia) < FOLLOW_PROBABILITY
+    assert await p("我妈膝盖疼 上下楼梯更疼 老人吃什么好", cold_hands) < FOLLOW_PROBABILITY
+
+
+async def test_a_message_is_read_on_its_own_when_the_encoder_cannot_judge_it(dispatcher, monkeypatch):
+    retriever = dispatcher.retriever
+    insomnia = retriever.kb.topics["sleep.insomnia"]
+    text = _norm("我妈七十多了也睡不好 老人要注意啥")
+    assert (await plan_follow_up(text, insomnia, "zh", retriever)).loose == FollowUp("elders")
+
+    async def busy(*args, **kwargs):
+        raise BusyError("full")
+
+    monkeypatch.setattr(retriever, "search", busy)
+    plan = await plan_follow_up(text, insomnia, "zh", retriever)
+    assert plan.loose is None and not plan.with_context
+    monkeypatch.setattr(retriever, "follow_judge", None)
+    assert (await plan_follow_up(text, insomnia, "zh", retriever)).loose is None
+    assert (await plan_follow_up("那饮食上呢", insomnia, "zh", retriever)).facet == FollowUp("diet")  # no judge needed
+
+
+def test_training_pairs_need_every_field_and_keep_only_cue_messages(tmp_path, monkeypatch):
+    import bot.follow_up_judge as judge
+
+    monkeypatch.setattr(judge, "DATA_DIR", tmp_path)
+    (tmp_path / "a.jsonl").write_text(
+        '{"topic": "sleep.insomnia", "second": "老人呢 我妈七十了", "lang": "zh", "follows": true}\n'
+        '{"topic": "sleep.insomnia", "second": "头疼了三天", "lang": "zh", "follows": false}\n', encoding="utf-8")
+    topics = {"sleep.insomnia": object(), "body.acne": object()}
+    helper = [p for p in training_pairs(topics) if p[1] == "sleep.insomnia" and p[3]]
+    assert helper == [(_norm("老人呢 我妈七十了"), "sleep.insomnia", "zh", True)]
+    assert all(read_cue(text) is not None for text, *_ in training_pairs(topics))
+    (tmp_path / "b.jsonl").write_text('{"topic": "sleep.insomnia", "second": "老人呢", "lang": "zh"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="b.jsonl:1"):
+        training_pairs(topics)
