@@ -36,9 +36,11 @@ Training pairs, all from the project's own files (deterministic):
   batches H, I and J it raised the wrong answers cut at equal right answers kept by 9 points);
 - ``bot/decision_data`` no_answer, refer_doctor and out_of_scope lines: their best topic, 0.
 
-Model: a one-hidden-layer network (scikit-learn MLP, fixed seed) over standardized
-features, temperature-scaled on a stratified 20 % held-out split (Guo et al. 2017), as
-the decision head; cached in ``engines/cache`` keyed by the model digest and the data.
+Model: the mean of :data:`MEMBERS` one-hidden-layer networks (scikit-learn MLP, fixed seeds) over
+standardized features, temperature-scaled on a stratified 20 % held-out split (Guo et al. 2017), as
+the decision head; cached in ``engines/cache`` keyed by the model digest and the data. Eight networks
+instead of one (FIT_VERSION 7): on the development batches (4,020 lines) the right topic rose from
+81.6 to 82.3 % and confidently wrong answers fell from 4.4 to 4.3 % at the same ``decision.topic_fit``.
 """
 
 from __future__ import annotations
@@ -63,8 +65,12 @@ log = structlog.get_logger("healthbot.topic_fit")
 
 #: Hidden units and L2 strength (chosen on evals/blind-a, -b, -d and the dev set; bot/decision_data/README.md).
 HIDDEN, ALPHA = (64,), 1e-2
+#: Networks averaged (bot/classifier.py :func:`~bot.classifier.fit_network`): each stops early on its own
+#: split, and one alone moves with it; eight gave held-out pair accuracy 84.6 -> 85.7 % and log loss
+#: 0.379 -> 0.350 before calibration (2026-12-05).
+MEMBERS = 8
 #: Bumped when features or training change, so cached verifiers are not reused.
-FIT_VERSION = "6"
+FIT_VERSION = "7"
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -113,7 +119,7 @@ def fit_verifier(x: np.ndarray, y: np.ndarray) -> tuple[Network, float, dict]:
     from sklearn.model_selection import train_test_split
 
     train, held = train_test_split(np.arange(len(y)), test_size=HELD_OUT, random_state=SEED, stratify=y)
-    logits = fit_network(x[train], y[train], HIDDEN, ALPHA).logits(x[held])[:, 0]
+    logits = fit_network(x[train], y[train], HIDDEN, ALPHA, MEMBERS).logits(x[held])[:, 0]
     temps = np.exp(np.linspace(np.log(0.25), np.log(4.0), 81))
     temperature = float(min(temps, key=lambda t: _log_loss(_sigmoid(logits / t), y[held])))
     raw, cal = _sigmoid(logits), _sigmoid(logits / temperature)
@@ -125,7 +131,7 @@ def fit_verifier(x: np.ndarray, y: np.ndarray) -> tuple[Network, float, dict]:
         "ece": {"raw": expected_calibration_error(two(raw), y[held]),
                 "calibrated": expected_calibration_error(two(cal), y[held])},
     }
-    return fit_network(x, y, HIDDEN, ALPHA), temperature, report
+    return fit_network(x, y, HIDDEN, ALPHA, MEMBERS), temperature, report
 
 
 def _pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndarray], known: dict[str, np.ndarray],
@@ -167,7 +173,7 @@ class TopicFit:
         """
         rows = data_rows()
         digest = hashlib.sha256(json.dumps([retriever.kb.digest, rows], ensure_ascii=False).encode()).hexdigest()
-        key = hashlib.sha256(f"{FIT_VERSION}/{model_digest}/{digest}/{HIDDEN}/{ALPHA}/{C}/{FOLDS}".encode()).hexdigest()[:16]
+        key = hashlib.sha256(f"{FIT_VERSION}/{model_digest}/{digest}/{HIDDEN}/{ALPHA}/{MEMBERS}/{C}/{FOLDS}".encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"topic-fit-{key}.npz" if cache_dir else None
         if cache and cache.exists():
             fit = cls(*load_network(cache))
