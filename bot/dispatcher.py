@@ -281,8 +281,7 @@ class Dispatcher:
         # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
         context = last.title[lang] if plan.with_context else None
         try:
-            # context_topic as the follow-up judge asked it: its readings of the message are reused (bot/search_cache.py)
-            found = await retriever.search(masked, context=context, context_topic=last.id if last else None)
+            found = await retriever.search(masked, context=context)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
             # inference worker process is restarting). What the rules decided still goes out;

@@ -77,22 +77,23 @@ async def judge_features(retriever: Retriever, text: str, topic: Topic, lang: st
     Raises:
         inference errors (BusyError, DeadlineExceeded, EngineError) from embedding ``text``.
     """
-    own = await retriever.search(text, context_topic=topic.id)
-    ctx = await retriever.search(text, context=topic.title[lang], context_topic=topic.id)
+    own = await retriever.search(text)
+    ctx = await retriever.search(text, context=topic.title[lang])
     return features_of(retriever, text, topic.id, cue, own, ctx)
 
 
 def features_of(retriever: Retriever, text: str, topic_id: str, cue: tuple[FollowUp, bool], own: SearchResult,
                 ctx: SearchResult) -> np.ndarray:
     """:data:`FEATURES` of ``text`` after topic ``topic_id`` from its two readings, float32[F]: ``own``
-    (alone) and ``ctx`` (with the topic's title in front), both with ``context_topic=topic_id``.
+    (alone) and ``ctx`` (with the topic's title in front).
     Scores are bot/retrieval.py hybrid scores: ``own_gap`` is how far the best topic of the message
     read on its own is ahead of the topic in context, ``context_gap`` the same with the title in front."""
     facet, tied = cue
-    answers, t = retriever.answer_scores(own.vector), retriever.topic_ids.index(topic_id)
+    answers, t = retriever.answer_scores(own.vector), retriever.topic_index[topic_id]
+    own_score, ctx_score = own.score_of(topic_id), ctx.score_of(topic_id)
     length = (len(text.split()) / CUE_MAX_WORDS) if text.isascii() else len(text) / CUE_MAX_CHARS
-    return np.asarray([own.matches[0].confidence, own.matches[0].score - own.context_score, own.context_score,
-                       ctx.matches[0].score - ctx.context_score, ctx.matches[0].topic_id == topic_id,
+    return np.asarray([own.matches[0].confidence, own.matches[0].score - own_score, own_score,
+                       ctx.matches[0].score - ctx_score, ctx.matches[0].topic_id == topic_id,
                        new_subject_of(retriever, text, topic_id) is not None, length, tied,
                        facet.facet in POPULATION_FACETS, facet.facet is None, is_follow_up(text),
                        topic_id in [m.topic_id for m in own.matches], answers[t], answers.max() - answers[t]],
@@ -110,8 +111,8 @@ async def training_features(retriever: Retriever, pairs: list[tuple[str, str, st
     def one(pair: tuple[str, str, str, bool], own: list[str], ctx: list[str]) -> np.ndarray:
         text, tid = pair[0], pair[1]
         return features_of(retriever, text, tid, read_cue(text),
-                           retriever.read(own, np.stack([vectors[t] for t in own]), context_topic=tid),
-                           retriever.read(ctx, np.stack([vectors[t] for t in ctx]), context_topic=tid))
+                           retriever.read(own, np.stack([vectors[t] for t in own])),
+                           retriever.read(ctx, np.stack([vectors[t] for t in ctx])))
 
     return await asyncio.to_thread(lambda: np.stack([one(p, *t) for p, t in zip(pairs, texts)]))
 

@@ -91,8 +91,8 @@ class SearchResult:
         context_vector: float32[D] of ``context + question`` for a follow-up, else None.
         fit_features: float32[N_SCORES + D] of the best topic (:func:`fit_features`), which
             the topic-fit verifier (bot/topic_fit.py) reads.
-        context_score: for a follow-up, the hybrid score of the topic in context
-            (``context_topic``), so the caller can tell how far the best topic is ahead of it.
+        scores: float32[topics], the hybrid score of every topic (in ``Retriever.topic_ids`` order;
+            :meth:`score_of`), so a caller can tell how far the best topic is ahead of another one.
         contested: the topic prior (bot/topic_prior.py) put first a topic that the hybrid score
             alone ranks lower: the two rankers disagree, and the policy asks more of the verifier.
         prior_terms: float32[2], the topic prior's :meth:`~bot.topic_prior.TopicPrior.terms` of the best
@@ -105,9 +105,18 @@ class SearchResult:
     vector: np.ndarray | None = None
     context_vector: np.ndarray | None = None
     fit_features: np.ndarray | None = None
-    context_score: float | None = None
+    scores: np.ndarray | None = None
     contested: bool = False
     prior_terms: np.ndarray | None = None
+    topic_index: dict[str, int] | None = None
+
+    def score_of(self, topic_id: str) -> float:
+        """The hybrid score of topic ``topic_id``.
+
+        Raises:
+            KeyError: no such topic.
+        """
+        return float(self.scores[self.topic_index[topic_id]])
 
 
 #: A title word that at most this many topics use in their titles and example questions
@@ -163,6 +172,7 @@ class Retriever:
         self.scope = TopicScope(kb)  # which topics cover which populations and named diseases
         self.encoder = encoder
         self.topic_ids = list(kb.topics)
+        self.topic_index = {t: i for i, t in enumerate(self.topic_ids)}
         self.vectors = vectors          # float32[M, D], one row per example question / title
         self.owners = owners            # int32[M], topic index of each row
         self.example_vectors = example_vectors  # kind -> float32[E, D]
@@ -318,7 +328,7 @@ class Retriever:
             generic: title words that name no subject ("方法", "problem"); single Chinese
                 characters and Latin words under three letters never count.
         """
-        words = self.topic_words[self.topic_ids.index(topic_id)]
+        words = self.topic_words[self.topic_index[topic_id]]
         for term in tokenize(canonical_terms(text)):
             if (term in self.subject_words and term not in generic and len(term) >= (3 if term.isascii() else 2)
                     and term not in words):
@@ -372,8 +382,7 @@ class Retriever:
         cov = self.coverage(terms, t, minus if own == t else None)
         return t, fit_features((hybrid, dense, best, saturated), t, q, centroid, cov, self.answer_scores(q))
 
-    async def search(self, text: str, k: int = 3, context: str | None = None,
-                     context_topic: str | None = None) -> SearchResult:
+    async def search(self, text: str, k: int = 3, context: str | None = None) -> SearchResult:
         """Top-``k`` topics for a normalized question, best first.
 
         Args:
@@ -385,16 +394,14 @@ class Retriever:
                 it follows; topics are then scored by the mean of the scores of
                 ``context + text`` and of ``text`` alone, so the follow-up's own
                 words pick among the topics near the context.
-            context_topic: the id of the topic in context, whose score is reported
-                (``SearchResult.context_score``).
 
         Raises:
             inference.batcher.BusyError / DeadlineExceeded: the inference pool is overloaded.
         """
-        if (kept := self.results.get(key := (text, k, context, context_topic, self.mode))) is not None:
+        if (kept := self.results.get(key := (text, k, context, self.mode))) is not None:
             return kept
         texts = self.search_texts(text, context)
-        result = self.read(texts, await self.encoder.encode(texts), k, context_topic)
+        result = self.read(texts, await self.encoder.encode(texts), k)
         self.results.put(key, result)
         return result
 
@@ -405,7 +412,7 @@ class Retriever:
         text = canonical_terms(text)
         return [text] if context is None else [f"{context} {text}", text]
 
-    def read(self, texts: list[str], qs: np.ndarray, k: int = 3, context_topic: str | None = None) -> SearchResult:
+    def read(self, texts: list[str], qs: np.ndarray, k: int = 3) -> SearchResult:
         """:meth:`search` on :meth:`search_texts` ``texts`` already embedded as ``qs`` float32[len(texts), D]
         (training reads many at once; nothing is cached)."""
         terms = [tokenize(t) for t in texts]  # jieba once per text: BM25 and the coverage feature
@@ -430,10 +437,10 @@ class Retriever:
         fit = fit_features((hybrid, dense, best_single, lexical / (lexical + LEXICAL_SATURATION)), best, qs[-1],
                            self.centroids[best], self.coverage(terms[-1], best),
                            self.answer_scores(qs[-1]))
-        context_score = float(hybrid[self.topic_ids.index(context_topic)]) if context_topic in self.topic_ids else None
-        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if len(qs) > 1 else None, fit, context_score,
+        return SearchResult(out, off_topic, nearest, qs[-1], qs[0] if len(qs) > 1 else None, fit, hybrid,
                             contested=bool(hybrid[best] < hybrid.max()),
-                            prior_terms=None if logits is None else self.prior.terms(logits[-1], best))
+                            prior_terms=None if logits is None else self.prior.terms(logits[-1], best),
+                            topic_index=self.topic_index)
 
 
 def confidence(score: float, margin: float) -> float:

@@ -127,10 +127,10 @@ async def test_retried_message_is_computed_once(dispatcher, monkeypatch):
     calls = 0
     search = dispatcher.retriever.search
 
-    async def counting(q, k=3, context=None, context_topic=None):
+    async def counting(q, k=3, context=None):
         nonlocal calls
         calls += 1
-        return await search(q, k, context, context_topic)
+        return await search(q, k, context)
 
     monkeypatch.setattr(dispatcher.retriever, "search", counting)
     first, second, third = await asyncio.gather(*(dispatcher.handle(text("失眠怎么调理", "dup-1")) for _ in range(3)))
