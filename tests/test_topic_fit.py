@@ -14,7 +14,8 @@ def test_training_is_deterministic_and_calibrated_on_a_held_out_split():
     y = np.repeat([0, 1], 150)
     x = (rng.normal(size=(300, 12)) + y[:, None] * 0.8).astype(np.float32)
     a, b = fit_verifier(x, y), fit_verifier(x, y)
-    np.testing.assert_array_equal(a[0].w1, b[0].w1)
+    np.testing.assert_array_equal(a[0].network.w1, b[0].network.w1)
+    np.testing.assert_array_equal(a[0].trees.threshold, b[0].trees.threshold)
     net, temperature, report = a
     assert report["held_out"] == 60 and report["fits"] == 150 and temperature > 0
     assert report["log_loss"]["calibrated"] <= report["log_loss"]["raw"] + 1e-9
