@@ -100,13 +100,16 @@ def features_of(retriever: Retriever, text: str, topic_id: str, cue: tuple[Follo
                       dtype=np.float32)
 
 
-async def training_features(retriever: Retriever, pairs: list[tuple[str, str, str, bool]]) -> np.ndarray:
-    """float32[len(pairs), F] of :func:`training_pairs`; every text embedded in chunks first
-    (:func:`~bot.embedding.embed_all`), so that a busy start-up never trips the request deadline."""
+async def training_features(retriever: Retriever, pairs: list[tuple[str, str, str, bool]],
+                            known: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """float32[len(pairs), F] of :func:`training_pairs`; every text not in ``known`` (text -> vector,
+    the decision head's) embedded in chunks first (:func:`~bot.embedding.embed_all`), so that a busy
+    start-up never trips the request deadline."""
     texts = [(retriever.search_texts(text), retriever.search_texts(text, retriever.kb.topics[tid].title[lang]))
              for text, tid, lang, _ in pairs]
-    unique = list(dict.fromkeys(t for own, ctx in texts for t in (*own, *ctx)))
-    vectors = dict(zip(unique, await embed_all(retriever.encoder, unique)))
+    vectors = dict(known or {})
+    unique = [t for t in dict.fromkeys(t for own, ctx in texts for t in (*own, *ctx)) if t not in vectors]
+    vectors.update(zip(unique, await embed_all(retriever.encoder, unique)))
 
     def one(pair: tuple[str, str, str, bool], own: list[str], ctx: list[str]) -> np.ndarray:
         text, tid = pair[0], pair[1]
@@ -190,9 +193,10 @@ class FollowJudge:
         return cls(judge.mean, judge.scale, judge.weights, judge.bias, report)
 
     @classmethod
-    async def build(cls, retriever: Retriever, cache_dir: Path | None = None, model_digest: str = ""
-                    ) -> "FollowJudge":
-        """Train (or load from ``cache_dir``) the judge for ``retriever``'s base and model.
+    async def build(cls, retriever: Retriever, cache_dir: Path | None = None, model_digest: str = "",
+                    known: dict[str, np.ndarray] | None = None) -> "FollowJudge":
+        """Train (or load from ``cache_dir``) the judge for ``retriever``'s base and model; ``known``:
+        text -> vector already computed (the decision head's training lines), not embedded again.
 
         Raises:
             ValueError: a bad training line; inference errors from embedding the pairs.
@@ -209,7 +213,7 @@ class FollowJudge:
             return judge
         with logged_step(log, "follow_judge_training", pairs=len(pairs),
                          cached_afterwards_in=str(cache_dir) if cache_dir else "nowhere"):
-            x = await training_features(retriever, pairs)
+            x = await training_features(retriever, pairs, known)
             y = np.asarray([int(p[3]) for p in pairs])
             judge = await asyncio.to_thread(cls.fit, x, y)
         if cache:

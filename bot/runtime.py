@@ -62,7 +62,7 @@ async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[
     head = await DecisionHead.build(kb, encoder, cache_dir=cache, model_digest=key, known=known)
     retriever.prior = await TopicPrior.build(retriever, cache_dir=cache, model_digest=key, known=known)
     fit = await TopicFit.build(retriever, retriever.prior, cache_dir=cache, model_digest=key, known=known)
-    retriever.follow_judge = await FollowJudge.build(retriever, cache_dir=cache, model_digest=key)
+    retriever.follow_judge = await FollowJudge.build(retriever, cache_dir=cache, model_digest=key, known=known)
     return retriever, head, fit
 
 
