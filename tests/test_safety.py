@@ -142,6 +142,16 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("sometimes i stand on the balcony and think about how easy it would be", "crisis.edge_en"),  # Y, read
     ("想说的话都写好了，东西也差不多送人了，心里反而平静了。就想问下喝什么茶能让人更安静一点", "crisis.farewell_zh"),  # V
     ("gave away most of my stuff and wrote letters to everyone, i feel strangely calm now", "crisis.farewell_en"),
+    # blind batch DD, after it was measured (2026-12-05): cutting told as the person's own doing and for
+    # the relief, and a child who drank windscreen washer fluid (methanol)
+    ("手腕上的伤口都是我自己划的 心里难受就划几下", "crisis.cut_self_zh"),
+    ("胳膊上的口子是我自己用刀片划的", "crisis.cut_self_zh"),
+    ("压力大的时候就会拿刀划手臂", "crisis.cut_self_zh"),
+    ("每次划完就觉得轻松一点", "crisis.cut_self_zh"),
+    ("my 4 year old drank some of the windshield washer fluid in the garage", "poisoning.chemical_en"),
+    ("toddler swallowed a bit of lighter fluid", "poisoning.chemical_en"),
+    ("she drank some e-liquid from my vape", "poisoning.chemical_en"),
+    ("孩子喝了一口打火机油", "poisoning.chemical_zh"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
@@ -159,6 +169,8 @@ def test_blind_batch_y_false_alarms_are_not_emergencies(text):
 
 
 @pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "切菜又划手了怎么办", "孩子玩刀划手了", "孩子额头起了个包 没吐 精神很好",
+                                  "切菜的时候我自己划的 口子不深", "手上的口子是孩子自己玩刀划的", "纸划了一下就流血了",
+                                  "the windshield washer fluid is low, which one should i buy", "does vaping e-liquid harm your lungs",
                                   "my son took his pills this morning, can he eat yogurt",
                                   "my 4 year old refuses to swallow pills, any tricks", "my jaw aches from grinding at night", "what's the point of this app",
                                   "what's the point of stretching before running"])
