@@ -22,15 +22,14 @@ class Trees:
 
     Attributes:
         feature: int32[M]; threshold: float32[M] (a row goes left when ``x[feature] <= threshold``);
-        left, right: int32[M] child nodes (a leaf is its own child, with threshold +inf);
+        children: int32[M, 2], the left and right child nodes (a leaf is its own child, with threshold +inf);
         value: float32[M] (leaves; 0 elsewhere); roots: int32[T]; depth: int32[1], the deepest
         leaf's depth (so many steps reach every leaf); baseline: float32[1], the logit before any tree.
     """
 
     feature: np.ndarray
     threshold: np.ndarray
-    left: np.ndarray
-    right: np.ndarray
+    children: np.ndarray
     value: np.ndarray
     roots: np.ndarray
     depth: np.ndarray
@@ -42,12 +41,12 @@ class Trees:
         if x.ndim == 1:
             node = self.roots
             for _ in range(int(self.depth[0])):
-                node = np.where(x[self.feature[node]] <= self.threshold[node], self.left[node], self.right[node])
+                node = self.children[node, (x[self.feature[node]] > self.threshold[node]).view(np.int8)]
             return np.asarray([self.baseline[0] + self.value[node].sum()], dtype=np.float32)
         node = np.broadcast_to(self.roots, (x.shape[0], self.roots.shape[0]))
         r = np.arange(x.shape[0])[:, None]
         for _ in range(int(self.depth[0])):
-            node = np.where(x[r, self.feature[node]] <= self.threshold[node], self.left[node], self.right[node])
+            node = self.children[node, (x[r, self.feature[node]] > self.threshold[node]).view(np.int8)]
         return (self.baseline[0] + self.value[node].sum(axis=1)).astype(np.float32)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -59,7 +58,7 @@ class Trees:
         return cls(*(saved[f"trees_{k}"] for k in _FIELDS))
 
 
-_FIELDS = ("feature", "threshold", "left", "right", "value", "roots", "depth", "baseline")
+_FIELDS = ("feature", "threshold", "children", "value", "roots", "depth", "baseline")
 
 
 #: Boosting rounds at most, learning rate and leaves per tree (scikit-learn's early stopping on a
@@ -87,8 +86,8 @@ def fit_trees(x: np.ndarray, y: np.ndarray, seed: int = 0) -> Trees:
     leaf = table["is_leaf"].astype(bool)
     return Trees(feature=np.where(leaf, 0, table["feature_idx"]).astype(np.int32),
                  threshold=np.where(leaf, np.inf, table["num_threshold"]).astype(np.float32),
-                 left=np.where(leaf, own, table["left"] + offset).astype(np.int32),
-                 right=np.where(leaf, own, table["right"] + offset).astype(np.int32),
+                 children=np.stack([np.where(leaf, own, table["left"] + offset),
+                                    np.where(leaf, own, table["right"] + offset)], axis=1).astype(np.int32),
                  value=np.where(leaf, table["value"], 0.0).astype(np.float32), roots=starts.astype(np.int32),
                  depth=np.asarray([int(table["depth"].max())], dtype=np.int32),
                  baseline=np.asarray(model._baseline_prediction, dtype=np.float32).reshape(1))
