@@ -81,7 +81,7 @@ async def _json_object(request: web.Request) -> dict | web.Response:
     except UnicodeDecodeError:
         return web.json_response({"error": "body is not valid UTF-8"}, status=400)
     except json.JSONDecodeError as exc:
-        return web.json_response({"error": f"body is not valid JSON ({exc.msg} at character {exc.pos})"},
+        return web.json_response({"error": f"body is not valid JSON: {exc.msg} (character {exc.pos})"},
                                  status=400)
     except (ValueError, RecursionError):  # a 5,000-digit number; nesting deeper than the parser's stack
         return web.json_response({"error": "body is not valid JSON (a number or nesting too large)"},

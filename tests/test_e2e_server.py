@@ -131,7 +131,7 @@ def test_http_api_and_health_endpoints(server):
                                {"Content-Type": "application/json"})
     assert status == 200
     assert '"intent": "answer"' in body and '"topic": "nutri.water"' in body
-    for bad, error in ((b"not json", "body is not valid JSON (Expecting value at character 0)"),
+    for bad, error in ((b"not json", "body is not valid JSON: Expecting value (character 0)"),
                        (b'{"text": "\xff"}', "body is not valid UTF-8"), (b"", "body is not valid JSON"),
                        (b"[1, 2]", "body must be a JSON object"),
                        (b'{"text": 5}', "field 'text' (string) is required")):
