@@ -112,6 +112,17 @@ def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None))))
 
 
+def sigmoid(z: np.ndarray | float) -> np.ndarray:
+    """The logistic function, its input clipped to [-30, 30] (no overflow warnings)."""
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
+
+
+def binary_log_loss(p: np.ndarray, y: np.ndarray) -> float:
+    """Mean log loss of P(class 1) ``p`` float[N] for labels ``y`` int[N] in {0, 1}."""
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)  # float32 rounds 1 - 1e-12 to 1: log(0)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
 def expected_calibration_error(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
     """ECE of the top-label confidence over ``bins`` equal-width bins (Naeini et al. 2015)."""
     conf, pred = p.max(axis=1), p.argmax(axis=1)

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from bot.classifier import DATA_DIR as DECISION_DATA, HELD_OUT, SEED, save_arrays
+from bot.classifier import DATA_DIR as DECISION_DATA, HELD_OUT, SEED, binary_log_loss, save_arrays, sigmoid
 from bot.embedding import embed_all
 from bot.follow_up import (CUE_MAX_CHARS, CUE_MAX_WORDS, POPULATION_FACETS, FollowUp, FollowUpPlan, is_bare_follow_up,
                            is_follow_up, new_subject_of, read_cue, read_follow_up)
@@ -64,10 +64,6 @@ JUDGE_VERSION = "1"
 #: P(follows) from which a message with a cue is answered from the topic in context; chosen on
 #: follow-up sets 1-5 and the standalone-question guard (bot/follow_up_data/README.md).
 FOLLOW_PROBABILITY = 0.4
-
-
-def _sigmoid(z: float) -> float:
-    return 1.0 / (1.0 + float(np.exp(-np.clip(z, -30, 30))))
 
 
 async def judge_features(retriever: Retriever, text: str, topic: Topic, lang: str, cue: tuple[FollowUp, bool]
@@ -172,7 +168,11 @@ class FollowJudge:
 
     def probability(self, features: np.ndarray) -> float:
         """P(follows) in [0, 1] for one float32[F] :func:`judge_features` vector."""
-        return _sigmoid(float(((features - self.mean) / self.scale) @ self.weights) + self.bias)
+        return float(self.probabilities(features[None, :])[0])
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        """P(follows) float[N] for rows x float32[N, F]."""
+        return sigmoid(((x - self.mean) / self.scale) @ self.weights + self.bias)
 
     @classmethod
     def fit(cls, x: np.ndarray, y: np.ndarray) -> "FollowJudge":
@@ -187,10 +187,10 @@ class FollowJudge:
                        float(model.intercept_[0]), {})
 
         train, held = train_test_split(np.arange(len(y)), test_size=HELD_OUT, random_state=SEED, stratify=y)
-        p = np.clip([fitted(train).probability(v) for v in x[held]], 1e-9, 1 - 1e-9)
+        p = fitted(train).probabilities(x[held])  # one fit on the training split
         report = {"pairs": int(len(y)), "follows": int(y.sum()), "held_out": int(len(held)),
                   "held_out_accuracy": round(float(((p >= 0.5) == y[held]).mean()), 4),
-                  "log_loss": round(float(-np.mean(y[held] * np.log(p) + (1 - y[held]) * np.log(1 - p))), 4)}
+                  "log_loss": round(binary_log_loss(p, y[held]), 4)}
         judge = fitted(np.arange(len(y)))
         return cls(judge.mean, judge.scale, judge.weights, judge.bias, report)
 

@@ -56,8 +56,8 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from bot.classifier import (HELD_OUT, SEED, Network, data_rows, expected_calibration_error, fit_network,
-                            load_network, query_text, save_arrays)
+from bot.classifier import (HELD_OUT, SEED, Network, binary_log_loss, data_rows, expected_calibration_error,
+                            fit_network, load_network, query_text, save_arrays, sigmoid)
 from bot.logs import logged_step
 from bot.embedding import embed_all
 from bot.retrieval import Retriever
@@ -78,15 +78,6 @@ MEMBERS = 8
 TREE_WEIGHT = 0.7
 #: Bumped when features or training change, so cached verifiers are not reused.
 FIT_VERSION = "9"
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
-
-
-def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
-    p = np.clip(p.astype(np.float64), 1e-12, 1 - 1e-12)  # float32 rounds 1 - 1e-12 to 1: log(0)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
 def training_pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndarray], example_logits: np.ndarray,
@@ -145,13 +136,13 @@ def fit_verifier(x: np.ndarray, y: np.ndarray) -> tuple[Verifier, float, dict]:
     train, held = train_test_split(np.arange(len(y)), test_size=HELD_OUT, random_state=SEED, stratify=y)
     logits = _fit(x[train], y[train]).logits(x[held])
     temps = np.exp(np.linspace(np.log(0.25), np.log(4.0), 81))
-    temperature = float(min(temps, key=lambda t: _log_loss(_sigmoid(logits / t), y[held])))
-    raw, cal = _sigmoid(logits), _sigmoid(logits / temperature)
+    temperature = float(min(temps, key=lambda t: binary_log_loss(sigmoid(logits / t), y[held])))
+    raw, cal = sigmoid(logits), sigmoid(logits / temperature)
     two = lambda p: np.stack([1 - p, p], axis=1)  # noqa: E731 (ECE of the binary decision)
     report = {
         "pairs": int(len(y)), "held_out": int(len(held)), "fits": int(y.sum()), "temperature": round(temperature, 3),
         "held_out_accuracy": round(float(((cal >= 0.5) == y[held]).mean()), 4),
-        "log_loss": {"raw": round(_log_loss(raw, y[held]), 4), "calibrated": round(_log_loss(cal, y[held]), 4)},
+        "log_loss": {"raw": round(binary_log_loss(raw, y[held]), 4), "calibrated": round(binary_log_loss(cal, y[held]), 4)},
         "ece": {"raw": expected_calibration_error(two(raw), y[held]),
                 "calibrated": expected_calibration_error(two(cal), y[held])},
     }
@@ -181,7 +172,7 @@ class TopicFit:
         float32[2] :meth:`~bot.topic_prior.TopicPrior.terms` of the same topic; ``prior`` None (the prior is
         off until the next start after a reload changed the topics) reads the training pairs' mean."""
         terms = np.asarray(self.report["prior_terms_mean"], dtype=np.float32) if prior is None else prior
-        return float(_sigmoid(self.verifier.logits(np.concatenate([features, terms]))[0] / self.temperature))
+        return float(sigmoid(self.verifier.logits(np.concatenate([features, terms]))[0] / self.temperature))
 
     @classmethod
     async def build(cls, retriever: Retriever, prior: TopicPrior, cache_dir: Path | None = None,
