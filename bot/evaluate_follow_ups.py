@@ -46,7 +46,7 @@ PROBE_CHARS = 24
 class FollowUpResult:
     """Counts over a conversation file; :meth:`summary` gives the shares."""
 
-    conversations: int = 0
+    conversations: int = 0         # facet follow-ups (switches are counted apart)
     first_on_topic: int = 0
     facet_exists: int = 0          # first turn on topic and the topic has the facet asked for
     facet_given: int = 0           # the second reply carries the facet's text (any first topic)
@@ -62,9 +62,9 @@ class FollowUpResult:
 
     def summary(self) -> dict:
         """The figures as a dict (shares in 0..1; ``missing_facet_said_honestly`` None when no facet was missing)."""
-        n = max(self.conversations - self.switches, 1)
+        n = max(self.conversations, 1)
         return {
-            "conversations": self.conversations - self.switches,
+            "conversations": self.conversations,
             "first_turn_on_topic": self.first_on_topic / n,
             "facet_given": self.facet_given / n,
             "facet_given_when_on_topic_and_present": self.facet_given_on_topic / max(self.facet_exists, 1),
@@ -132,10 +132,10 @@ async def evaluate_follow_ups(dispatcher: Dispatcher, rows: list[dict]) -> Follo
         for n, text in enumerate(row["turns"][:2]):
             replies.append(await dispatcher.handle(Inbound("eval", user, user, f"{user}-{n}", MessageKind.TEXT, text)))
         first, second = replies
-        res.conversations += 1
         if "second_topics" in row:
             _score_switch(res, row, first, second)
             continue
+        res.conversations += 1
         res.repeated += first.intent is Intent.ANSWER and second.text == first.text
         topic = dispatcher.kb.topics.get(first.topic or "")
         on_topic = first.topic == row["topic"]

@@ -124,6 +124,13 @@ def _length(text: str) -> int:
     return len(text.split()) if text.isascii() else len(text)
 
 
+def cue_length(text: str) -> float:
+    """``text``'s length as a share of the longest message with a cue that may follow the topic in
+    context (:data:`CUE_MAX_CHARS` characters, :data:`CUE_MAX_WORDS` words for Latin script): over 1
+    stands alone."""
+    return _length(text) / (CUE_MAX_WORDS if text.isascii() else CUE_MAX_CHARS)
+
+
 def _remainder(text: str) -> tuple[str, bool]:
     """``text`` without its lead and tail words, and whether a lead word was there."""
     rules = _rules()
@@ -169,7 +176,7 @@ def read_cue(text: str) -> tuple[FollowUp, bool] | None:
         text: the normalized message (Simplified Chinese, lowercase Latin).
     """
     text = text.strip().lower()
-    if not text or _length(text) > (CUE_MAX_WORDS if text.isascii() else CUE_MAX_CHARS):
+    if not text or cue_length(text) > 1:
         return None
     if (tied := read_tied_follow_up(text)) is not None:
         return tied, True
@@ -188,7 +195,7 @@ def read_tied_follow_up(text: str) -> FollowUp | None:
         text: the normalized message (Simplified Chinese, lowercase Latin).
     """
     text = text.strip().lower()
-    if not text or _length(text) > (CUE_MAX_WORDS if text.isascii() else CUE_MAX_CHARS):
+    if not text or cue_length(text) > 1:
         return None
     rules = _rules()
     cues = dict(rules.loose)

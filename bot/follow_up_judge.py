@@ -39,8 +39,8 @@ import structlog
 
 from bot.classifier import DATA_DIR as DECISION_DATA, HELD_OUT, SEED, binary_log_loss, save_arrays, sigmoid
 from bot.embedding import embed_all
-from bot.follow_up import (CUE_MAX_CHARS, CUE_MAX_WORDS, POPULATION_FACETS, FollowUp, FollowUpPlan, is_bare_follow_up,
-                           is_follow_up, new_subject_of, read_cue, read_follow_up)
+from bot.follow_up import (POPULATION_FACETS, FollowUp, FollowUpPlan, cue_length, is_bare_follow_up, is_follow_up,
+                           new_subject_of, read_cue, read_follow_up)
 from bot.knowledge import Topic
 from bot.logs import logged_step
 from bot.retrieval import Retriever, SearchResult
@@ -89,10 +89,9 @@ def features_of(retriever: Retriever, text: str, topic_id: str, cue: tuple[Follo
     facet, tied = cue
     answers, t = retriever.answer_scores(own.vector), retriever.topic_index[topic_id]
     own_score, ctx_score = own.score_of(topic_id), ctx.score_of(topic_id)
-    length = (len(text.split()) / CUE_MAX_WORDS) if text.isascii() else len(text) / CUE_MAX_CHARS
     return np.asarray([own.matches[0].confidence, own.matches[0].score - own_score, own_score,
                        ctx.matches[0].score - ctx_score, ctx.matches[0].topic_id == topic_id,
-                       new_subject_of(retriever, text, topic_id) is not None, length, tied,
+                       new_subject_of(retriever, text, topic_id) is not None, cue_length(text), tied,
                        facet.facet in POPULATION_FACETS, facet.facet is None, is_follow_up(text),
                        topic_id in [m.topic_id for m in own.matches], answers[t], answers.max() - answers[t]],
                       dtype=np.float32)
