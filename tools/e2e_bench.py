@@ -198,9 +198,11 @@ LAYOUTS = {
     "gpu-nocache": ({"HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE": "0"}, 12, "sqlite"),
     "gpu-si": ({"HEALTHBOT_INFERENCE_SWITCH_INTERVAL_MS": "0.5"}, 12, "sqlite"),
     "gpu-redis": ({}, 12, "redis"),
+    "gpu-redis-nocache": ({"HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE": "0"}, 12, "redis"),
     "cpu": (CPU, 12, "sqlite"),
     "cpu-nocache": (dict(CPU, HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE="0"), 12, "sqlite"),
     "cpu-redis": (CPU, 12, "redis"),
+    "cpu-redis-nocache": (dict(CPU, HEALTHBOT_INFERENCE_EMBEDDING_CACHE_SIZE="0"), 12, "redis"),
 }
 
 
