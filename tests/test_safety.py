@@ -178,6 +178,23 @@ def test_drinking_a_lot_and_ordinary_what_is_the_point_are_not_flagged(text):
     assert match_red_flags(text) == []
 
 
+@pytest.mark.parametrize("text", ["冬天手一直泡冷水，手指头裂开好多口子，平时要怎么护理", "年纪大了人家说话听不清楚 尤其人多的时候",
+                                  "Pregnant and after eat my chest feel burning, how to help?",
+                                  "吃了螃蟹又吃了柿子 我老伴吓唬我说要中毒 到底有没有这回事"])
+def test_chapped_fingers_hearing_heartburn_and_a_food_myth_are_not_flagged(text):
+    """Training lines written in 2026-12-05 that four rules flagged: 手指头 + 裂开 (thunderclap),
+    说话 + 听不清 (slurred speech), "chest feel burning" (a large burn), 说要中毒 (a belief)."""
+    assert match_red_flags(text) == []
+
+
+@pytest.mark.parametrize("text, flag", [("头像被劈开一样疼", "severe_headache.thunderclap_zh"),
+                                        ("我爸说话突然含糊不清 我们都听不清他说啥", "stroke.speech_zh"),
+                                        ("he spilled boiling water on his chest, the skin is white and leathery", "burn.large_en"),
+                                        ("孩子好像中毒了 一直吐", "poisoning.chemical_zh")])
+def test_the_same_rules_still_catch_their_emergencies(text, flag):
+    assert flag in match_red_flags(text)
+
+
 def test_negation_does_not_reach_across_a_contrast():
     assert triage("我没有发烧，但是胸口疼得厉害", "zh", CFG).kind == "emergency"
     assert triage("no fever but crushing chest pain", "en", CFG).kind == "emergency"
