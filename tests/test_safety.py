@@ -195,6 +195,17 @@ def test_the_same_rules_still_catch_their_emergencies(text, flag):
     assert flag in match_red_flags(text)
 
 
+@pytest.mark.parametrize("text, flag", [
+    ("my toddler swallowed a little of the dishwasher detergent and keeps coughing", "poisoning.household_en"),
+    ("my son ate some of the laundry detergent from the bottle", "poisoning.chemical_en"),
+    ("my brother came home drunk, he's lying on the floor and won't wake up even when we shout", "unconscious.unresponsive_en")])
+def test_words_further_apart_still_flag_poisoning_and_unresponsiveness(text, flag):
+    """Blind EE (2026-12-05) missed both after the decision head was retrained: the words stood
+    further apart than the rules allowed (now 25 characters for cleaning products, 30 between a
+    person and "won't wake")."""
+    assert flag in match_red_flags(text)
+
+
 def test_negation_does_not_reach_across_a_contrast():
     assert triage("我没有发烧，但是胸口疼得厉害", "zh", CFG).kind == "emergency"
     assert triage("no fever but crushing chest pain", "en", CFG).kind == "emergency"
