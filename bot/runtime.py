@@ -53,8 +53,8 @@ async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[
     topic prior (bot/topic_prior.py) and follow-up judge (bot/follow_up_judge.py), the decision
     head and the topic-fit verifier, each cached in engines/cache under ``digest``
     (:func:`model_digest`) plus ``encoder.variant`` and its
-    data's digest: seconds when cached, four to seven minutes on 2 CPU cores when not (415 s on a
-    clean clone, 2026-12-05)."""
+    data's digest: seconds when cached, four to seven minutes on 2 CPU cores when not (376 and
+    415 s on two clean clones, 2026-12-05)."""
     cache, key = cfg.engines_path / "cache", digest + encoder.variant
     # indexing the topics (scopes, BM25) takes seconds to tens of seconds at every start
     with logged_step(log, "retrieval_index", topics=len(kb)):
