@@ -187,6 +187,13 @@ def test_chapped_fingers_hearing_heartburn_and_a_food_myth_are_not_flagged(text)
     assert match_red_flags(text) == []
 
 
+@pytest.mark.parametrize("text", ["hot oil spilled all over his chest and he says it feels burning",
+                                  "boiling water on his chest and there is a burning pain"])
+def test_a_burning_feeling_after_something_hot_is_still_a_burn(text):
+    """The heartburn exceptions ("burning pain", "feels burning") hold only where nothing hot is named."""
+    assert "burn.large_en" in match_red_flags(text)
+
+
 @pytest.mark.parametrize("text, flag", [("头像被劈开一样疼", "severe_headache.thunderclap_zh"),
                                         ("我爸说话突然含糊不清 我们都听不清他说啥", "stroke.speech_zh"),
                                         ("he spilled boiling water on his chest, the skin is white and leathery", "burn.large_en"),
