@@ -187,6 +187,18 @@ def test_chapped_fingers_hearing_heartburn_and_a_food_myth_are_not_flagged(text)
     assert match_red_flags(text) == []
 
 
+@pytest.mark.parametrize("text", ["我在烧开水 孩子碰翻了水壶 开水浇了一身 整个胸口都红了起水泡",
+                                  "刚才泡开水的时候 孩子把整壶开水打翻在身上 大面积烫伤", "孩子被开水烫伤了一大片 以后怎么预防"])
+def test_a_scald_told_with_boiling_water_or_prevention_words_is_still_a_burn(text):
+    """烧开水 / 泡开水 / 怎么预防 cancel the burn rule only where no scald is told (before, they always did)."""
+    assert "burn.large_zh" in match_red_flags(text)
+
+
+@pytest.mark.parametrize("text", ["每天早上空腹喝开水 肚子会不会不舒服", "开水泡脚 脚上红了一大片", "手指被开水烫了一下 起了个小水泡"])
+def test_drinking_boiled_water_and_a_foot_soak_are_not_burns(text):
+    assert "burn.large_zh" not in match_red_flags(text)
+
+
 @pytest.mark.parametrize("text", ["hot oil spilled all over his chest and he says it feels burning",
                                   "boiling water on his chest and there is a burning pain"])
 def test_a_burning_feeling_after_something_hot_is_still_a_burn(text):
