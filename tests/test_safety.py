@@ -187,6 +187,20 @@ def test_chapped_fingers_hearing_heartburn_and_a_food_myth_are_not_flagged(text)
     assert match_red_flags(text) == []
 
 
+@pytest.mark.parametrize("text, flag", [("喂奶期间 胸口突然压着疼 一身冷汗", "heart_attack.chest_pain_zh"),
+                                        ("我在哺乳期 突然胸口剧痛", "heart_attack.chest_pain_zh"),
+                                        ("I am breastfeeding and suddenly have crushing chest pain", "heart_attack.chest_pain_en")])
+def test_sudden_chest_pain_while_breastfeeding_is_flagged(text, flag):
+    """Breastfeeding, the breasts and periods explain chest pain only where nothing sudden or severe
+    is told (before, any mention of them cancelled the flag for the whole message)."""
+    assert flag in match_red_flags(text)
+
+
+@pytest.mark.parametrize("text", ["哺乳期 胸口胀痛 涨奶", "来月经胸口闷闷的", "breastfeeding and my breast hurts, chest feels tight around the nipple"])
+def test_breast_and_period_chest_discomfort_is_not_flagged(text):
+    assert match_red_flags(text) == []
+
+
 @pytest.mark.parametrize("text", ["我在烧开水 孩子碰翻了水壶 开水浇了一身 整个胸口都红了起水泡",
                                   "刚才泡开水的时候 孩子把整壶开水打翻在身上 大面积烫伤", "孩子被开水烫伤了一大片 以后怎么预防"])
 def test_a_scald_told_with_boiling_water_or_prevention_words_is_still_a_burn(text):
