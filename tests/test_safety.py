@@ -196,7 +196,15 @@ def test_sudden_chest_pain_while_breastfeeding_is_flagged(text, flag):
     assert flag in match_red_flags(text)
 
 
-@pytest.mark.parametrize("text", ["哺乳期 胸口胀痛 涨奶", "来月经胸口闷闷的", "breastfeeding and my breast hurts, chest feels tight around the nipple"])
+@pytest.mark.parametrize("text, want", [("吃了补铁的药 拉黑便 头晕 心慌 站不起来", True),
+                                        ("on iron pills, stools are black and I feel dizzy and faint", True),
+                                        ("最近在吃补铁的药 大便是黑的 正常吗 没有头晕", False),
+                                        ("taking iron tablets and my poo is black, not dizzy, is that normal", False)])
+def test_iron_explains_black_stools_only_without_signs_of_blood_loss(text, want):
+    assert any(f.startswith("gi_bleed.black_stool") for f in match_red_flags(text)) is want
+
+
+@pytest.mark.parametrize("text", ["哺乳期 胸口胀痛 涨奶 没有喘不上气", "哺乳期 胸口胀痛 涨奶", "来月经胸口闷闷的", "breastfeeding and my breast hurts, chest feels tight around the nipple"])
 def test_breast_and_period_chest_discomfort_is_not_flagged(text):
     assert match_red_flags(text) == []
 
