@@ -339,6 +339,9 @@ _NOT_BREATHING = re.compile(r"(?:没|不)(?:有)?(?:呼吸|喘气)|没气了|没
 # A nose in a bleeding message: nosebleed first aid instead of pressing on a wound.
 _NOSE = re.compile(r"鼻|\bnose|\bnosebleed")
 
+# A period in a bleeding message: lie down with the legs raised instead of pressing on a wound.
+_PERIOD = re.compile(r"经期|月经|例假|大姨妈|生理期|\bperiods?\b|menstrua")
+
 # Gas and carbon monoxide get their own first aid (China CDC: ventilate, leave the room).
 _GAS = re.compile(r"煤气|一氧化碳|燃气|天然气|炭火|烧炭|煤炉|炭盆|\bcarbon monoxide|\bgas\b|\bco alarm")
 
@@ -410,7 +413,7 @@ _FIRST_AID_WINS = (("breathing.chok", "choking"), ("pregnancy.", "pregnancy"), (
 def _reply_category(emergencies: list[str], text: str) -> str:
     """Which reply the medical red flags get: the first of :data:`_FIRST_AID_WINS` that
     matched; CPR instructions whenever someone is not breathing; else the first flag's
-    category, with gas, mushroom, diabetes-medicine and nosebleed first aid."""
+    category, with gas, mushroom, diabetes-medicine, nosebleed and heavy-period first aid."""
     for prefix, category in _FIRST_AID_WINS:
         if any(h.startswith(prefix) for h in emergencies):
             return category
@@ -425,6 +428,8 @@ def _reply_category(emergencies: list[str], text: str) -> str:
         return "hypoglycemia"  # too much of a diabetes medicine: sugar first, not "nothing by mouth"
     if category == "bleeding" and _NOSE.search(text):
         return "nosebleed"
+    if category == "bleeding" and _PERIOD.search(text):
+        return "period_bleeding"
     return category
 
 

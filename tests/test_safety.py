@@ -196,6 +196,21 @@ def test_sudden_chest_pain_while_breastfeeding_is_flagged(text, flag):
     assert flag in match_red_flags(text)
 
 
+@pytest.mark.parametrize("text, lang, words", [("来月经的时候出血特别多 一小时湿透两片卫生巾 头晕站不稳", "zh", "双腿垫高"),
+                                               ("heavy bleeding on my period and I nearly fainted in the shower", "en", "legs raised")])
+def test_a_heavy_period_with_faintness_is_an_emergency_with_period_first_aid(text, lang, words):
+    """A period explains heavy bleeding only where no sign of blood loss is told; the reply says to
+    lie down with the legs raised, not to press on a wound."""
+    result = triage(text, lang, CFG)
+    assert result is not None and result.rule.startswith("bleeding.")
+    assert words in result.reply and "按压伤口" not in result.reply and "press firmly" not in result.reply
+
+
+@pytest.mark.parametrize("text", ["来月经出血好多 正常吗", "月经量特别多 没有头晕 要注意啥", "heavy bleeding on my period, is that normal"])
+def test_a_heavy_period_alone_is_not_flagged(text):
+    assert match_red_flags(text) == []
+
+
 @pytest.mark.parametrize("text, want", [("吃了补铁的药 拉黑便 头晕 心慌 站不起来", True),
                                         ("on iron pills, stools are black and I feel dizzy and faint", True),
                                         ("最近在吃补铁的药 大便是黑的 正常吗 没有头晕", False),
