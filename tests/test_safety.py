@@ -701,6 +701,26 @@ def test_a_burden_that_is_not_oneself_is_not_a_crisis(q):
     assert triage(q, normalize(q).lang, CFG) is None, match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", [
+    "grandad keeps saying he won't be a burden to anyone for much longer", "我不会再拖累你们太久了",
+    "爷爷说以后就不用再连累儿女了", "she's been giving her rings away and phoning the family round to say goodbye",
+    "外婆把首饰都送人了 这几天一个个打电话跟亲戚道别", "some nights i feel like i should just drive into the lake",
+    "总是想干脆跳进江里算了 一了百了的念头也有"])
+def test_warning_signs_told_about_others_or_as_an_urge_get_the_crisis_reply(q):
+    """NHS "Help for suicidal thoughts" warning signs: talking of not being a burden for long,
+    saying goodbye with belongings given away, the urge to walk or jump into water or traffic
+    (blind batch GG, 2026-12-05, missed two such crises; these are other wordings)."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "crisis", match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["不会耽误你们太久 就问一个问题", "we rang everyone to say goodbye before the move abroad",
+                               "can toddlers walk into the sea safely with armbands", "我想跳进河里游泳 会不会着凉",
+                               "i don't want to be a burden when i'm old, what exercise keeps me independent"])
+def test_goodbyes_water_and_burdens_in_everyday_senses_are_not_a_crisis(q):
+    assert triage(q, normalize(q).lang, CFG) is None, match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["孩子把洗衣凝珠咬破了 好像吃进去一点 怎么办", "宝宝把纽扣电池咬开了"])
 def test_a_child_biting_open_a_pod_or_a_battery_is_poisoning(q):
     """Blind batch U (2026-12-03): the laundry pod was answered with the child-safety topic."""
