@@ -100,6 +100,13 @@ class RedisServer:
         self._dir: tempfile.TemporaryDirectory | None = None
 
     @property
+    def pid(self) -> int:
+        """The server's process id (raises when it is not running)."""
+        if self._proc is None:
+            raise RuntimeError("redis-server is not running")
+        return self._proc.pid
+
+    @property
     def url(self) -> str:
         """``redis://127.0.0.1:PORT/0``."""
         return self.url_for_db(0)

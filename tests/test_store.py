@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -613,8 +615,9 @@ async def test_redis_commands_of_one_loop_turn_share_a_pipeline_and_keep_their_o
     _flush(redis_server.url)
     store = await open_store(redis_server.url)
     try:
+        before = (store.batcher.pipelines, store.batcher.commands)  # open's PING
         await store.set("lone", "1")
-        assert (store.batcher.pipelines, store.batcher.commands) == (1, 1)  # nobody else in flight: alone
+        assert (store.batcher.pipelines - before[0], store.batcher.commands - before[1]) == (1, 1)  # alone
         await store.push("a_list", "x")  # a list: GET on it is WRONGTYPE, which get() reads as absent
         claims = [store.set_if_absent("claim", str(i), 30.0) for i in range(20)]
         results = await asyncio.gather(
@@ -623,9 +626,36 @@ async def test_redis_commands_of_one_loop_turn_share_a_pipeline_and_keep_their_o
         assert results[:20].count(True) == 1  # SET NX: exactly one claim, as when sent alone
         # in submission order: set_many's k1 lands before get_many reads it
         assert results[20:25] == ["1", None, True, None, ["1", "1", None]]
-        assert store.batcher.pipelines < 10  # 28 commands after the first in a few pipelines, not 27 round trips
+        assert store.batcher.pipelines - before[0] < 10  # 28 commands after the first in a few pipelines, not 27 round trips
         assert await store.get_many(["k1", "k4"]) == ["1", "4"]
         with pytest.raises(StoreError, match="WRONGTYPE"):  # a command's own error, raised to its caller
             await asyncio.gather(store._send(lambda p: p.lpush("lone", "x")), store.get("lone"))
     finally:
         await store.close()
+
+
+async def test_redis_that_stops_answering_fails_each_call_within_the_timeout():
+    """The pool's sockets have no read timeout (bot/store/redis_batch.py): the pipeline's deadline
+    ends a call to a Redis that holds the connection open but answers nothing (SIGSTOP), and the
+    store answers again once Redis does."""
+    from bot.store.redis import RedisStore
+
+    binary = require_redis_server()
+    server = RedisServer(binary).start()
+    store = await RedisStore.open(server.url, timeout_s=0.5)
+    try:
+        await store.set("k", "v")
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreError, match="no reply within 0.5 s"):
+                await asyncio.gather(store.get("k"), store.set_if_absent("c", "1", 5.0))
+            assert time.monotonic() - started < 2.0
+            assert await store.ping() is False
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert await store.ping() is True
+        assert await store.get("k") == "v"  # the connection the deadline dropped was replaced
+    finally:
+        await store.close()
+        server.stop()

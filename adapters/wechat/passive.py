@@ -109,8 +109,14 @@ class PassiveDelivery(LateDelivery):
         """Claim the delivery of ``inbound``'s answer for this passive reply, or replay / hand over."""
         assert self.store is not None
         key = DELIVERED_KEY.format(msgid=inbound.message_id)
-        if await self.store.set_if_absent(key, via("composing"), COMPOSING_TTL_S):
-            out = await self._compose(inbound, reply)
+        openid = inbound.user_id
+        # The claim and what composing reads, in one round trip: the pending answers are then
+        # popped, and unread pages deleted, only where there are some (rarely).
+        claimed, pending, more = await asyncio.gather(
+            self.store.set_if_absent(key, via("composing"), COMPOSING_TTL_S),
+            self.store.read_all(PENDING_KEY.format(openid=openid)), self.store.get(MORE_KEY.format(openid=openid)))
+        if claimed:
+            out = await self._compose(inbound, reply, pending=bool(pending), more=more is not None)
             await self.store.set(key, out.state(), DELIVERY_STATE_TTL_S)
             return out
         state = await self._state(key)
@@ -141,8 +147,13 @@ class PassiveDelivery(LateDelivery):
                 return state
             await asyncio.sleep(0.02)
 
-    async def _compose(self, inbound: Inbound, reply: Reply | None) -> PassiveAnswer:
-        """The passive reply: what is pending for the user, then ``reply`` (paged); or a transfer."""
+    async def _compose(self, inbound: Inbound, reply: Reply | None, *, pending: bool = True,
+                       more: bool = True) -> PassiveAnswer:
+        """The passive reply: what is pending for the user, then ``reply`` (paged); or a transfer.
+
+        ``pending`` / ``more``: False when the user is known to have no pending answers / no
+        unread pages (the store is then not asked to pop or delete them).
+        """
         assert self.store is not None
         openid = inbound.user_id
         if reply is not None and reply.intent is Intent.HANDOFF:
@@ -156,7 +167,7 @@ class PassiveDelivery(LateDelivery):
             return PassiveAnswer("transfer")
         own = strip_invalid_xml_chars(reply.text).strip() if reply is not None else ""
         lang = reply.lang if reply is not None else "zh"
-        queued = await self.store.pop_all(PENDING_KEY.format(openid=openid))
+        queued = await self.store.pop_all(PENDING_KEY.format(openid=openid)) if pending else []
         segments = [self._format_pending(raw, inbound.message_id) for raw in queued]
         segments = [s for s in segments if s] + ([own] if own else [])
         if queued:
@@ -168,11 +179,12 @@ class PassiveDelivery(LateDelivery):
         pages = paginate(SEGMENT_SEPARATOR.join(segments), lang)
         more_key = MORE_KEY.format(openid=openid)
         if len(pages.bodies) == 1:
-            if own:  # a new answer: unread pages of an older one no longer follow on
+            if own and more:  # a new answer: unread pages of an older one no longer follow on
                 await self.store.delete(more_key)
             return PassiveAnswer("text", pages.page(0))
         if self.service:
-            await self.store.delete(more_key)
+            if more:
+                await self.store.delete(more_key)
             self._spawn(self._send_later(openid, pages, 1, inbound.message_id, "", reply if own else None))
             return PassiveAnswer("text", pages.page(0))
         await self.store.set(more_key, pages.to_json(1), MORE_TTL_S)

@@ -150,7 +150,7 @@ class RedisStore:
     :meth:`ping` raises :class:`StoreError` saying where Redis was expected.
     """
 
-    def __init__(self, client: Redis, pool: BlockingConnectionPool, url: str) -> None:
+    def __init__(self, client: Redis, pool: BlockingConnectionPool, url: str, timeout_s: float = 5.0) -> None:
         self._client = client
         self._pool = pool
         self.url = redacted_url(url)
@@ -158,7 +158,7 @@ class RedisStore:
         self.address = kw["path"] if kw.get("path") else f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
         self.db = int(kw.get("db") or 0)
         #: Commands of one event-loop turn share a pipeline (bot/store/redis_batch.py).
-        self.batcher = CommandBatcher(client)
+        self.batcher = CommandBatcher(client, timeout_s)
         #: Monotonic time until which calls fail without trying (Redis did not answer).
         self._down_until = 0.0
         self._down_reason = ""
@@ -171,7 +171,7 @@ class RedisStore:
         Args:
             url: ``redis://host:port/db``, ``rediss://…`` or ``unix:///path.sock?db=N``.
             connect_timeout_s: seconds to wait for a TCP connection.
-            timeout_s: seconds to wait for a reply (and for a free pooled connection).
+            timeout_s: seconds a round trip may take, waiting for a free pooled connection included.
             max_connections: pool size; further callers wait up to ``timeout_s``.
 
         Raises:
@@ -181,7 +181,7 @@ class RedisStore:
         try:
             pool = BlockingConnectionPool.from_url(
                 url, decode_responses=True, max_connections=max_connections, timeout=timeout_s,
-                socket_connect_timeout=connect_timeout_s, socket_timeout=timeout_s,
+                socket_connect_timeout=connect_timeout_s, socket_timeout=None,  # the batcher's deadline instead
                 retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2), retry_on_error=[ConnectionError],
                 health_check_interval=30,
             )
@@ -190,9 +190,9 @@ class RedisStore:
                 f"bad Redis URL {redacted_url(url)}: {e}: use redis://host:6379/0, rediss://… "
                 "or unix:///path/redis.sock?db=0"
             ) from e
-        store = cls(Redis(connection_pool=pool), pool, url)
+        store = cls(Redis(connection_pool=pool), pool, url, timeout_s)
         try:
-            await store._call(store._client.ping())
+            await store._send(lambda p: p.ping())
         except BaseException:
             await store.close()
             raise
@@ -235,10 +235,10 @@ class RedisStore:
     def _error(self, e: RedisError) -> StoreError:
         return StoreError(f"Redis at {self.address} (db {self.db}): {e}")
 
-    async def _send(self, add: Callable[[Any], None], count: int = 1) -> list[Any]:
+    async def _send(self, add: Callable[[Any], None], count: int = 1, *, probe: bool = False) -> list[Any]:
         """The replies to the ``count`` commands ``add`` puts on the loop turn's pipeline
         (:class:`~bot.store.redis_batch.CommandBatcher`); a command's own error is raised."""
-        replies = await self._call(self.batcher.run(add, count))
+        replies = await self._call(self.batcher.run(add, count), probe=probe)
         for reply in replies:
             if isinstance(reply, RedisError):
                 raise self._error(reply) from reply
@@ -316,7 +316,7 @@ class RedisStore:
     async def ping(self) -> bool:
         """True if Redis answers PING (False when unreachable; never raises)."""
         try:
-            return bool(await self._call(self._client.ping(), probe=True))
+            return bool(await self._send(lambda p: p.ping(), probe=True))
         except StoreError:
             return False
 
@@ -327,11 +327,11 @@ class RedisStore:
         ``"unreachable"`` otherwise. Always tries, even within :data:`RETRY_AFTER_S` of a failure;
         a success lets the other calls try again at once. Never raises."""
         try:
-            await self._call(self._client.ping(), probe=True)
+            await self._send(lambda p: p.ping(), probe=True)
         except StoreError:
             return UNREACHABLE
         try:
-            await self._call(self._client.set(PROBE_KEY, repr(time.time()), px=60_000), probe=True)
+            await self._send(lambda p: p.set(PROBE_KEY, repr(time.time()), px=60_000), probe=True)
         except StoreError:
             return UNWRITABLE
         return OK

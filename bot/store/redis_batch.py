@@ -17,12 +17,20 @@ ready in the same turn of the loop: :class:`CommandBatcher` sends them together.
 - **Errors stay with their caller.** A command's own error (``WRONGTYPE`` …) is raised to
   that caller alone; a connection error fails every command of the pipeline, as it would have
   failed each of them alone. A caller cancelled while waiting leaves the others untouched.
+- **One deadline a pipeline.** The pool's connections have no socket timeout: redis-py would
+  arm one for every reply it reads (an ``asyncio.timeout`` per command). The whole pipeline has
+  ``timeout_s`` instead; when it passes, redis-py drops the connection it was reading (a
+  cancelled read disconnects) and every command of the pipeline fails with ``TimeoutError``.
+  Measured with tools/redis_store_bench.py, 16 messages in flight: 218-239 → 175-191 µs of
+  client CPU a message (2026-12-05, twenty-fourth session).
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any, Callable
+
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["CommandBatcher"]
 
@@ -34,11 +42,14 @@ class CommandBatcher:
     """Sends the commands submitted during one event-loop turn as one non-transactional pipeline.
 
     Args:
-        client: a ``redis.asyncio.Redis``.
+        client: a ``redis.asyncio.Redis`` whose connections have no socket timeout.
+        timeout_s: seconds a pipeline may take, from asking the pool for a connection to the
+            last reply.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, timeout_s: float = 5.0) -> None:
         self._client = client
+        self.timeout_s = timeout_s
         self._queue: list[tuple[Add, int, asyncio.Future]] = []
         self._sending: set[asyncio.Task] = set()
         #: Pipelines being sent now.
@@ -55,7 +66,8 @@ class CommandBatcher:
         they join the pipeline sent at the end of this loop turn.
 
         Raises:
-            the connection's error when the pipeline could not be sent.
+            the connection's error when the pipeline could not be sent; ``redis.exceptions.TimeoutError``
+            when it took longer than ``timeout_s``.
         """
         if not self.in_flight and not self._queue:
             return await self._execute([(add, count)])
@@ -75,7 +87,10 @@ class CommandBatcher:
         self.pipelines += 1
         self.commands += sum(count for _add, count in batch)
         try:
-            return await pipe.execute(raise_on_error=False)
+            async with asyncio.timeout(self.timeout_s):
+                return await pipe.execute(raise_on_error=False)
+        except TimeoutError as e:  # asyncio's, raised where the deadline cancelled the read
+            raise RedisTimeoutError(f"no reply within {self.timeout_s:g} s") from e
         finally:
             self.in_flight -= 1
 
