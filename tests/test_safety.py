@@ -714,6 +714,26 @@ def test_warning_signs_told_about_others_or_as_an_urge_get_the_crisis_reply(q):
     assert result is not None and result.kind == "crisis", match_red_flags(q)
 
 
+@pytest.mark.parametrize(("q", "kind"), [
+    ("外公有糖尿病 这两天没打胰岛素 今天呼吸又深又快 嘴里一股烂苹果味", "hyperglycemia"),
+    ("my diabetic grandson is breathing deep and fast and keeps being sick", "hyperglycemia"),
+    ("type 1 diabetic, been throwing up since last night, my breath smells of nail polish remover", "hyperglycemia"),
+    ("阿嫲打咗胰岛素 头先冇食饭 而家手震冒冷汗", "hypoglycemia"),
+    ("我老豆有糖尿病 成身冷汗 手震 讲嘢乱晒龙", "hypoglycemia"),
+    ("the baby got hold of a laundry pod and bit into it", "poisoning")])
+def test_diabetic_emergencies_by_their_signs_and_a_pod_bitten_into_are_flagged(q, kind):
+    """NHS "Diabetic ketoacidosis" (fruity breath, deep fast breathing) with no reading told;
+    low blood sugar told in Cantonese; a pod bitten into (blind batch GG, 2026-12-05, other wordings)."""
+    flags = match_red_flags(q)
+    assert flags and flags[0].startswith(kind), flags
+
+
+@pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
+                               "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
+def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["不会耽误你们太久 就问一个问题", "we rang everyone to say goodbye before the move abroad",
                                "can toddlers walk into the sea safely with armbands", "我想跳进河里游泳 会不会着凉",
                                "i don't want to be a burden when i'm old, what exercise keeps me independent"])
