@@ -13,8 +13,8 @@ The rules and replies are data, for clinicians to review without reading Python:
   example message it must catch (tests/test_safety.py checks each one);
 * safety/red_flags/replies.yaml: what to do while waiting, per category, with sources.
 
-This module loads and compiles them, judges each match in its context and builds
-the reply. Numbers: 120 (mainland China emergency medical service), 999 (Hong Kong,
+:mod:`safety.red_flag_rules` loads them; this module compiles them, judges each match
+in its context and builds the reply. Numbers: 120 (mainland China emergency medical service), 999 (Hong Kong,
 UK), 112 / 911 (EU / North America) from :class:`safety.config.SafetyConfig`; crisis
 lines 12356 (China's 24-hour national psychological assistance hotline) and 988 (US
 Suicide & Crisis Lifeline), also from ``SafetyConfig``.
@@ -32,6 +32,9 @@ How a match is judged:
   current comes between ("去年有过胸痛现在好了", "had a stroke two years ago"),
   or frames it as prevention ("怎么预防煤气中毒", "prevent carbon monoxide
   poisoning");
+* a flag is dropped when the whole message explains the symptom away: its ``unless``
+  hits, or its ``unless_mild`` hits and none of its ``severe_signs`` ("吃补铁的药
+  大便黑" but not "吃补铁的药 大便黑 头晕心慌");
 * third parties count the same as the user ("我爸胸口疼出冷汗", "my mum's face is
   drooping"): the patterns never require "我" / "I".
 """
@@ -40,13 +43,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
-
-import yaml
 
 from safety.config import SafetyConfig
 from safety.normalize import normalize, to_user_script
+from safety.red_flag_rules import RedFlag, gap_zh, load_red_flags, load_replies
 from safety.regex_screen import LiteralIndex, all_required_literals, screen
 
 __all__ = ["TriageResult", "RedFlag", "RED_FLAGS", "load_red_flags", "triage", "match_red_flags", "emergency_reply",
@@ -76,113 +77,22 @@ class TriageResult:
     reply: str
 
 
-@dataclass(frozen=True)
-class RedFlag:
-    """One red-flag rule (an entry of safety/red_flags/rules.yaml).
-
-    Attributes:
-        category: reply key (``heart_attack``, ``stroke``, ``breathing``,
-            ``anaphylaxis``, ``bleeding``, ``poisoning``, ``seizure``,
-            ``unconscious``, ``infant_fever``, ``severe_headache``, ``gi_bleed``,
-            ``pregnancy``, ``hypoglycemia``, ``abdomen``, ``eye``, ``high_bp``,
-            ``fracture``, ``heatstroke``, ``head_injury``, ``bowel``, ``burn``, ``drowning``,
-            ``electric``, ``sepsis``, ``dehydration``, ``torsion``, ``groin``, ``hyperglycemia``,
-            ``swallowed``, ``crisis``; replies
-            also ``choking``, ``gas``, ``nosebleed``, ``mushroom``).
-        name: short label, unique within the category.
-        patterns: regular expressions over the normalized text; ALL must match
-            somewhere in the message (each one not negated) for the flag to fire.
-        not_before: regex, anchored at the end, tested on the clause text just
-            before the first pattern's match; a hit cancels that match
-            ("眼皮" before "抽搐" is an eyelid twitch, not a seizure).
-        unless: regex over the whole message; a hit cancels the flag (context
-            that explains the symptom away, e.g. iron tablets and black stools).
-        source: the public guideline the flag follows.
-        example: a short message the flag must catch (checked by the tests).
-    """
-
-    category: str
-    name: str
-    patterns: tuple[str, ...]
-    not_before: str | None = None
-    unless: str | None = None
-    source: str = ""
-    example: str = ""
-
-
-# --------------------------------------------------------------------------------------
-# Loading the rules (safety/red_flags/)
-# --------------------------------------------------------------------------------------
-
-RED_FLAG_DIR = Path(__file__).with_name("red_flags")
-_PLACEHOLDER = re.compile(r"\{([A-Z][A-Z0-9_]*)\}")
-_FLAG_KEYS = {"category", "name", "example", "source", "patterns", "not_before", "unless"}
-
-
-def _g(n: int) -> str:
-    """Up to ``n`` Chinese characters that are not a clause boundary or a negation."""
-    return f"[^,.;!?，。；！？\\n不没无未]{{0,{n}}}"
-
-
-def _eg(n: int) -> str:
-    """Up to ``n`` English characters, no clause boundary, no "not"/"no"/"n't"/"never"."""
-    return f"(?:(?!\\bnot\\b|\\bno\\b|n't\\b|\\bnever\\b)[^,.;!?\\n]){{0,{n}}}"
-
-
-def _regex(spec: str | dict, blocks: dict[str, str]) -> str:
-    """One regex from the YAML: a string or ``{any_of: [...]}`` (joined by ``|``), with its
-    placeholders filled: ``{G4}`` → :func:`_g`, ``{E20}`` → :func:`_eg`, ``{NAME}`` → a block."""
-    text = "|".join(spec["any_of"]) if isinstance(spec, dict) else spec
-
-    def fill(m: re.Match[str]) -> str:
-        name = m.group(1)
-        if re.fullmatch(r"[GE]\d+", name):
-            return (_g if name[0] == "G" else _eg)(int(name[1:]))
-        if name not in blocks:
-            raise ValueError(f"unknown block {{{name}}} in {text!r}")
-        return blocks[name]
-
-    return _PLACEHOLDER.sub(fill, text)
-
-
-def load_red_flags(path: Path = RED_FLAG_DIR / "rules.yaml") -> tuple[RedFlag, ...]:
-    """The red flags of ``path`` (rules.yaml), in file order, placeholders filled."""
-    data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
-    blocks: dict[str, str] = {}
-    for name, spec in data["blocks"].items():
-        blocks[name] = _regex(spec, blocks)
-    flags = []
-    for entry in data["flags"]:
-        if set(entry) - _FLAG_KEYS or not {"category", "name", "patterns"} <= set(entry):
-            raise ValueError(f"{path}: bad keys in red flag {entry.get('category')}.{entry.get('name')}")
-        optional = {k: _regex(entry[k], blocks) for k in ("not_before", "unless") if entry.get(k)}
-        flags.append(RedFlag(entry["category"], entry["name"], tuple(_regex(p, blocks) for p in entry["patterns"]),
-                             source=entry.get("source", ""), example=entry.get("example", ""), **optional))
-    labels = [f"{f.category}.{f.name}" for f in flags]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"{path}: duplicate red flags {sorted({x for x in labels if labels.count(x) > 1})}")
-    return tuple(flags)
-
-
-def _load_replies(path: Path = RED_FLAG_DIR / "replies.yaml") -> tuple[dict[str, tuple[str, str]], ...]:
-    data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
-    return tuple({cat: (r["zh"], r["en"]) for cat, r in data[key].items()} for key in ("while_waiting", "lead"))
-
-
 RED_FLAGS: tuple[RedFlag, ...] = load_red_flags()
 
-_COMPILED: tuple[tuple[RedFlag, tuple[re.Pattern[str], ...], re.Pattern[str] | None, re.Pattern[str] | None], ...] = tuple(
+_Exceptions = tuple[re.Pattern[str] | None, re.Pattern[str] | None, re.Pattern[str] | None]
+# Per flag: the flag, its patterns, not_before, and (unless, unless_mild, severe_signs).
+_COMPILED: tuple[tuple[RedFlag, tuple[re.Pattern[str], ...], re.Pattern[str] | None, _Exceptions], ...] = tuple(
     (f, tuple(re.compile(p) for p in f.patterns),
      re.compile(f.not_before) if f.not_before else None,
-     re.compile(f.unless) if f.unless else None)
+     tuple(re.compile(p) if p else None for p in (f.unless, f.unless_mild, f.severe_signs)))
     for f in RED_FLAGS
 )
 # Per pattern, a relaxed pattern that must match the whole message for the pattern to match a clause.
-_SCREENS = tuple(tuple(screen(p) for p in patterns) for _flag, patterns, _nb, _unless in _COMPILED)
+_SCREENS = tuple(tuple(screen(p) for p in patterns) for _flag, patterns, _nb, _exceptions in _COMPILED)
 
 
 # Per flag, the cheapest test that rules it out: none of these strings in the message.
-_LITERALS = LiteralIndex(all_required_literals(patterns) for _flag, patterns, _nb, _unless in _COMPILED)
+_LITERALS = LiteralIndex(all_required_literals(patterns) for _flag, patterns, _nb, _exceptions in _COMPILED)
 
 # --------------------------------------------------------------------------------------
 # Context that cancels a match: negation, distant past, prevention framing
@@ -221,7 +131,7 @@ _PAST_AFTER_EN = re.compile(r"^\W*(?:\w+\s+){0,3}?(?:(?:\d+|a|one|two|three|four
 _CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|right now|suddenly|currently|yesterday)\b")
 
 _PREVENT_ZH = re.compile("(?:预防|防止|避免|防范|怎么防|如何防|怎样防|远离|降低|(?:怎么|怎样|如何)(?:判断|识别|区分|分辨|知道|看出))"
-                         + _g(6) + "$")
+                         + gap_zh(6) + "$")
 _PREVENT_EN = re.compile(r"\b(?:prevent|preventing|prevention of|avoid|avoiding|risk of|reduce the risk of|"
                          r"worried about|afraid of|scared of|fear of|chance of|"
                          r"how (?:do|can|would) (?:i|you|we) (?:tell|know|recogni[sz]e|spot))\b(?:\s+[\w'-]+){0,3}\s*$")
@@ -239,7 +149,7 @@ _QUESTION_AFTER = re.compile("^(?:了)?(?:吗|么|嘛|呢)")
 # condition ("高血压十多年了，今天胸口疼出冷汗").
 _CHRONIC = re.compile("(?:好多|很多|好几|几|多|\\d+|[一二两三四五六七八九十]+)(?:年|个多月|个月)了|多年了|很多年|"
                       r"\bfor (?:years|months|(?:\d+|two|three|four|five|six|several|many) (?:years|months))\b")
-_CHRONIC_BEFORE = re.compile("(?:这几年|近几年|这些年|多年来|常年|长期|这几个月|几个月来)" + _g(8) + "$|"
+_CHRONIC_BEFORE = re.compile("(?:这几年|近几年|这些年|多年来|常年|长期|这几个月|几个月来)" + gap_zh(8) + "$|"
                              r"\bfor (?:years|months)\b")
 _SHORT_CLAUSE = 12  # characters: a following clause this short only qualifies the symptom ("好多年了")
 _NEW_OR_SUDDEN = re.compile("又|突然|忽然|突发|今天|刚才|刚刚|加重|越来越|现在|最近|这两天|昨天|"
@@ -297,6 +207,16 @@ def _find(pattern: re.Pattern[str], clauses: list[str], not_before: re.Pattern[s
     return False
 
 
+def _explained(view: str, unless: re.Pattern[str] | None, unless_mild: re.Pattern[str] | None,
+               severe_signs: re.Pattern[str] | None) -> bool:
+    """True when the message ``view`` explains a flag's symptom away: ``unless`` hits, or
+    ``unless_mild`` hits and no ``severe_signs`` do (safety/red_flag_rules.py)."""
+    if unless is not None and unless.search(view):
+        return True
+    return (unless_mild is not None and unless_mild.search(view) is not None
+            and (severe_signs is None or severe_signs.search(view) is None))
+
+
 def match_red_flags(text: str) -> list[str]:
     """Every red flag in ``text``, as ``"<category>.<name>"`` strings, in table order.
 
@@ -307,10 +227,10 @@ def match_red_flags(text: str) -> list[str]:
     clauses = _clauses(view)
     hits = []
     for i in _LITERALS.candidates(view):  # the others lack a string every match contains
-        (flag, patterns, not_before, unless), screens = _COMPILED[i], _SCREENS[i]
+        (flag, patterns, not_before, exceptions), screens = _COMPILED[i], _SCREENS[i]
         if any(s is not None and s.search(view) is None for s in screens):
             continue  # some pattern matches no clause (safety/regex_screen.py)
-        if unless is not None and unless.search(view):
+        if _explained(view, *exceptions):
             continue
         # Suicidal thoughts are never "chronic"; a baby's age in months is not a duration.
         # Days of diarrhoea, of no bowel movement or of an infection are the point of these flags.
@@ -327,7 +247,7 @@ def match_red_flags(text: str) -> list[str]:
 #: What to do while waiting for the ambulance, per category, as (zh, en); and the
 #: categories whose reply leads with what to do now instead of "call the emergency number
 #: now" (NHS "Low blood sugar", "Detached retina", "Nosebleed"). safety/red_flags/replies.yaml.
-_WHILE_WAITING, _LEAD = _load_replies()
+_WHILE_WAITING, _LEAD = load_replies()
 
 
 # Diabetes medicines: an overdose of them is treated as low blood sugar.

@@ -17,6 +17,7 @@ from safety.normalize import normalize, to_user_script
 from safety.pii import mask_pii
 from safety.review import FALLBACK, review
 from safety.scope import check_scope, matching_rule
+from safety.red_flag_rules import load_red_flags
 from safety.triage import RED_FLAGS, TriageResult, emergency_reply, match_red_flags, triage
 
 EVALS = Path(__file__).resolve().parent.parent / "evals" / "safety.jsonl"
@@ -241,6 +242,56 @@ def test_drinking_boiled_water_and_a_foot_soak_are_not_burns(text):
 def test_a_burning_feeling_after_something_hot_is_still_a_burn(text):
     """The heartburn exceptions ("burning pain", "feels burning") hold only where nothing hot is named."""
     assert "burn.large_en" in match_red_flags(text)
+
+
+# An exception that holds only where nothing severe is told (`unless_mild` with `severe_signs`).
+@pytest.mark.parametrize("text, flag, fires", [
+    # breastfeeding or a period explains chest discomfort, not chest pain that is sudden, crushing or sweaty
+    ("刚生完宝宝在喂奶 胸口胀得疼", "heart_attack.chest_pain_zh", False),
+    ("经期第二天 胸口有点闷", "heart_attack.chest_pain_zh", False),
+    ("哺乳期胸口闷闷的 没有憋气", "heart_attack.chest_pain_zh", False),  # a denied sign is not told
+    ("喂奶的时候胸口突然像被压着一样疼 还出冷汗", "heart_attack.chest_pain_zh", True),
+    ("since I started breastfeeding my chest feels sore near the nipple", "heart_attack.chest_pain_en", False),
+    ("breastfeeding, chest feels sore, no shortness of breath", "heart_attack.chest_pain_en", False),
+    ("I'm breastfeeding but now I have crushing chest pain going into my jaw", "heart_attack.chest_pain_en", True),
+    ("on my period and suddenly have a squeezing chest pain, sweating a lot", "heart_attack.chest_pain_en", True),
+    # iron explains black stools, not black stools with dizziness or a racing heart
+    ("孩子在吃铁剂 这几天大便发黑", "gi_bleed.black_stool_zh", False),
+    ("在吃补铁的药 大便发黑 没有头晕", "gi_bleed.black_stool_zh", False),
+    ("我妈在吃补铁的药 这两天大便黑 人一直头晕心慌", "gi_bleed.black_stool_zh", True),
+    ("my doctor put me on iron and now my poop is black", "gi_bleed.black_stool_en", False),
+    ("black poo since starting iron, not light-headed at all", "gi_bleed.black_stool_en", False),
+    ("on iron tablets, my stool is black and I keep getting light-headed with a racing heart",
+     "gi_bleed.black_stool_en", True),
+    # sunburn, boiling water and a burning feeling are not a burn, unless a scald or something hot is told
+    ("夏天去海边晒伤了 整个后背都红了", "burn.large_zh", False),
+    ("我在烧开水 壶被孩子碰翻了 开水浇在他大腿上 大面积红肿", "burn.large_zh", True),
+    ("my stomach has a burning feeling all over after a big meal", "burn.large_en", False),
+    ("hot oil splashed on her face and she says it feels like burning", "burn.large_en", True),
+])
+def test_a_mild_exception_cancels_a_flag_only_where_no_severe_sign_is_told(text, flag, fires):
+    assert (flag in match_red_flags(text)) is fires
+
+
+def test_no_exception_is_hidden_in_a_lookahead():
+    """"Only where nothing severe is told" is the `unless_mild` / `severe_signs` pair of
+    rules.yaml, not a '^(?!...severe...)...' guard inside an `unless` regex."""
+    assert [f"{f.category}.{f.name}" for f in RED_FLAGS if f.unless and "^(?!" in f.unless] == []
+    assert all(bool(f.unless_mild) == bool(f.severe_signs) for f in RED_FLAGS)
+
+
+@pytest.mark.parametrize("extra, error", [("    unless_if: '经期'\n", "bad keys"),
+                                          ("    unless_mild: '经期'\n", "go together"),
+                                          ("    severe_signs: '头晕'\n", "go together")])
+def test_the_loader_refuses_unknown_keys_and_a_half_exception(tmp_path, extra, error):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("blocks: {}\nflags:\n  - category: bleeding\n    name: test_zh\n"
+                     "    patterns: ['出血']\n" + extra, encoding="utf-8")
+    with pytest.raises(ValueError, match=error):
+        load_red_flags(rules)
+    rules.write_text("blocks: {}\nflags:\n  - category: bleeding\n    name: test_zh\n    patterns: ['出血']\n"
+                     "    unless_mild: '经期'\n    severe_signs: '头晕'\n", encoding="utf-8")
+    assert load_red_flags(rules)[0].severe_signs == "头晕"
 
 
 @pytest.mark.parametrize("text, flag", [("头像被劈开一样疼", "severe_headache.thunderclap_zh"),
