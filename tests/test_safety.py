@@ -294,6 +294,15 @@ def test_the_loader_refuses_unknown_keys_and_a_half_exception(tmp_path, extra, e
     assert load_red_flags(rules)[0].severe_signs == "头晕"
 
 
+@pytest.mark.parametrize("text, fires", [("crushing chest pain and sweating since I started coughing", True),
+                                         ("chest pain since I started coughing and it spreads to my jaw", True),
+                                         ("my chest hurts when I cough", False),
+                                         ("chest pain when coughing, my cold is spreading to the whole family", False),
+                                         ("my chest hurts from coughing and my arm is sore from the flu shot", False)])
+def test_a_cough_explains_chest_pain_only_where_no_severe_sign_is_told(text, fires):
+    assert ("heart_attack.chest_pain_en" in match_red_flags(text)) is fires
+
+
 @pytest.mark.parametrize("text, flag", [("头像被劈开一样疼", "severe_headache.thunderclap_zh"),
                                         ("我爸说话突然含糊不清 我们都听不清他说啥", "stroke.speech_zh"),
                                         ("he spilled boiling water on his chest, the skin is white and leathery", "burn.large_en"),
