@@ -259,8 +259,8 @@ _NOT_BREATHING = re.compile(r"(?:没|不)(?:有)?(?:呼吸|喘气)|没气了|没
 # A nose in a bleeding message: nosebleed first aid instead of pressing on a wound.
 _NOSE = re.compile(r"鼻|\bnose|\bnosebleed")
 
-# A period in a bleeding message: lie down with the legs raised instead of pressing on a wound.
-_PERIOD = re.compile(r"经期|月经|例假|大姨妈|生理期|\bperiods?\b|menstrua")
+# A period (or its pads) in a bleeding message: lie down with the legs raised instead of pressing on a wound.
+_PERIOD = re.compile(r"经期|月经|例假|大姨妈|生理期|卫生巾|\bperiods?\b|menstrua|\btampons?\b")
 
 # Gas and carbon monoxide get their own first aid (China CDC: ventilate, leave the room).
 _GAS = re.compile(r"煤气|一氧化碳|燃气|天然气|炭火|烧炭|煤炉|炭盆|\bcarbon monoxide|\bgas\b|\bco alarm")

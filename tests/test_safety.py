@@ -294,6 +294,25 @@ def test_the_loader_refuses_unknown_keys_and_a_half_exception(tmp_path, extra, e
     assert load_red_flags(rules)[0].severe_signs == "头晕"
 
 
+@pytest.mark.parametrize("text", ["my period is really heavy and I nearly fainted in the kitchen",
+                                  "soaking through a tampon every hour and I feel light-headed",
+                                  "period is heavier than usual, changing pads every hour, and I'm dizzy"])
+def test_a_heavy_period_told_without_the_word_bleeding_and_faintness_gets_period_first_aid(text):
+    result = triage(text, "en", CFG)
+    assert result is not None and result.rule == "bleeding.heavy_period_en"
+    assert "legs raised" in result.reply and "press firmly" not in result.reply
+
+
+@pytest.mark.parametrize("text", ["period heavy, what should I eat",
+                                  "my period is super heavy, soaking a pad every hour, what can I do",
+                                  "my periods are heavy but I'm not dizzy",
+                                  "can heavy periods make you dizzy?",
+                                  "after a period of heavy lifting I felt dizzy",
+                                  "my periods have been heavy for years and I get dizzy sometimes"])
+def test_a_heavy_period_without_faintness_or_a_general_question_is_not_flagged(text):
+    assert match_red_flags(text) == []
+
+
 @pytest.mark.parametrize("text, fires", [("crushing chest pain and sweating since I started coughing", True),
                                          ("chest pain since I started coughing and it spreads to my jaw", True),
                                          ("my chest hurts when I cough", False),
