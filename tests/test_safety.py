@@ -313,6 +313,25 @@ def test_a_heavy_period_without_faintness_or_a_general_question_is_not_flagged(t
     assert match_red_flags(text) == []
 
 
+@pytest.mark.parametrize("text, flag", [("孩子把补铁的口服液喝了好多", "poisoning.overdose_zh"),
+                                        ("宝宝偷吃了我的铁剂", "poisoning.overdose_zh"),
+                                        ("孩子喝了大半瓶补铁糖浆", "poisoning.overdose_zh"),
+                                        ("my son swallowed some iron supplements", "poisoning.child_medicine_en"),
+                                        ("my toddler drank half a bottle of iron syrup", "poisoning.child_medicine_en"),
+                                        ("my little one got into the iron gummies", "poisoning.child_medicine_en")])
+def test_a_child_who_took_a_lot_of_iron_is_a_poisoning(text, flag):
+    """Iron in quantity is dangerous to a child (NHS "Poisoning"); the reply keeps the packet."""
+    assert flag in match_red_flags(text)
+    assert "poisoning" in triage(text, normalize(text).lang, CFG).rule
+
+
+@pytest.mark.parametrize("text", ["is it ok to give kids iron supplements", "my daughter swallowed her iron supplement this morning",
+                                  "my toddler ate some iron-rich cereal", "孩子可以吃补铁的药吗", "孩子把铁剂喝了 还是贫血",
+                                  "补铁的药吃了好多天了 还是贫血", "孩子铁剂喝了好多天了"])
+def test_iron_taken_as_prescribed_or_asked_about_is_not_flagged(text):
+    assert match_red_flags(text) == []
+
+
 @pytest.mark.parametrize("text, fires", [("crushing chest pain and sweating since I started coughing", True),
                                          ("chest pain since I started coughing and it spreads to my jaw", True),
                                          ("my chest hurts when I cough", False),
