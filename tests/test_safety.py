@@ -826,6 +826,20 @@ def test_diabetic_emergencies_by_their_signs_and_a_pod_bitten_into_are_flagged(q
     assert flags and flags[0].startswith(kind), flags
 
 
+@pytest.mark.parametrize("q", ["来例假第一天 量比平时多很多 半个小时就湿透 刚才蹲下起来差点晕倒",
+                               "月经量超级大 两个小时湿透三片夜用卫生巾 现在心慌脸色发白"])
+def test_a_heavy_period_with_faintness_gets_the_period_first_aid(q):
+    """Told without the word 出血 (blind batch GG, 2026-12-05, missed one such; other wordings)."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.rule == "bleeding.heavy_period_zh" and "双腿垫高" in result.reply, result
+
+
+@pytest.mark.parametrize("q", ["月经量一直偏多 平时吃什么补血", "月经量大会不会头晕", "经期量特别多 没有头晕 要去医院吗",
+                               "月经量多怎么调理 以前头晕过"])
+def test_a_heavy_period_asked_about_is_not_flagged(q):
+    assert "bleeding.heavy_period_zh" not in match_red_flags(q), match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
