@@ -1,0 +1,118 @@
+"""Whether the words around a red flag's match cancel it (safety/triage.py judges every match here).
+
+A match is cancelled, in its clause, by a negation before or after it ("没有胸痛", "no chest
+pain"), the distant past or months ago and over ("去年有过胸痛现在好了"), prevention or a question
+about a condition ("怎么预防煤气中毒", "中风的前兆"), a question of cause ("can anxiety cause
+chest pain"), a symptom that has lasted months or years with nothing new, a danger told as
+a news or media story ("看新闻说有小孩吞了纽扣电池"), or a question of what to do should it
+happen ("what's the right way to do back blows for a choking baby"). Clauses end at
+punctuation and contrast words (但是 / but): a negation never reaches across them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from safety.red_flag_rules import gap_zh
+
+__all__ = ["CANTONESE", "cancelled", "split_clauses"]
+
+
+# Words allowed between a negation and the symptom ("没[什么]胸痛", "不[觉得]胸口疼").
+_FILLER_ZH = "(?:什么|啥|任何|觉得|感觉|感到|出现|发生|有|过|明显|的|都|也|太|特别|我|他|她|还|再|一点|有点|啊|呀|了|一直|经常|想过|想|说|发现)"
+_NEG_BEFORE_ZH = re.compile(
+    "(?:(?<!有)没有?|无|(?<!是)不是|并非|未|从没有?|从来没有?|否认|(?<![受忍止挡说吃睡看听喘透站走记想对会])不|别|"
+    "差点|差一点|险些|并没有?)" + _FILLER_ZH + "*$")
+_NEG_AFTER_ZH = re.compile("^(?:倒是|倒|是|也|都|就|并|倒也)?(?:没有|没|无|不会|不)(?:呢|啊|的|了|过)?\\s*$")
+_FILLER_EN = (r"(?:any|a|an|the|real|really|actually|been|had|having|have|has|got|get|getting|felt|feel|feeling|"
+              r"experienced|experiencing|experience|signs?|of|symptoms?|my|his|her|their|much|more|significant|obvious|"
+              r"other|current|currently|suffer|suffering|from|think|it|is|was|bit|kind|like|show|showing|notice|noticed|"
+              r"complain|complaining|about|seem|seems|to|be|want|wanting|she|he|i|i'm|im|that|this|even|ever)")
+_NEG_BEFORE_EN = re.compile(
+    r"\b(?:no|not|never|without|denies|deny|don'?t|do not|doesn'?t|does not|didn'?t|did not|isn'?t|is not|aren'?t|"
+    r"wasn'?t|haven'?t|have not|hasn'?t|has not|nor|neither|almost|nearly|free of|ruled out|none)"
+    r"(?:\s+" + _FILLER_EN + r")*\s*$")
+
+# Distant past: a year or more ago. Anything current between it and the match wins.
+_PAST_BEFORE_ZH = re.compile(
+    "(?:去年|前年|几年前|多年前|好几年前|(?:\\d+|[一二两三四五六七八九十几多]+)年前|(?<![饭觉床班学点天])以前|曾经|小时候|年轻(?:时|的时候)|"
+    "之前(?:有过|得过))(?P<between>.*)$")
+_PAST_MONTHS_ZH = re.compile("(?:上个?月|几个月前|(?:\\d+|[一二两三四五六七八九十几]+)个月前|上周|上礼拜|上星期)(?P<between>.*)$")
+_RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出院|没再|没有再")
+_PAST_AFTER_ZH = re.compile("^(?:了|过|后)?(?:已经|有)?(?:\\d+|[一二两三四五六七八九十几多好]+)(?:多)?年(?:了|多了|前)?")
+_CURRENT_ZH = re.compile("又|再次|现在|今天|今早|今晚|刚才|刚刚|突然|这会儿|此刻|目前|最近|这两天|昨天|昨晚|今儿")
+_PAST_BEFORE_EN = re.compile(
+    r"\b(?:last year|years? ago|in the past|used to|history of|previously|as a child|when i was young|once had|"
+    r"in (?:19|20)\d\d)\b(?P<between>.*)$")
+_PAST_MONTHS_EN = re.compile(r"\b(?:last month|months? ago|last week)\b(?P<between>.*)$")
+_RESOLVED_EN = re.compile(r"\b(?:now fine|fine now|better now|recovered|all good now|ok now|okay now|healed|no longer)\b")
+_PAST_AFTER_EN = re.compile(r"^\W*(?:\w+\s+){0,3}?(?:(?:\d+|a|one|two|three|four|five|six|seven|eight|nine|ten|a few|"
+                            r"several|many)\s+years?\s+ago|last year|in (?:19|20)\d\d)\b")
+_CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|right now|suddenly|currently|yesterday)\b")
+
+_PREVENT_ZH = re.compile("(?:预防|防止|避免|防范|怎么防|如何防|怎样防|远离|降低|(?:怎么|怎样|如何)(?:判断|识别|区分|分辨|知道|看出))"
+                         + gap_zh(6) + "$")
+_PREVENT_EN = re.compile(r"\b(?:prevent|preventing|prevention of|avoid|avoiding|risk of|reduce the risk of|"
+                         r"worried about|afraid of|scared of|fear of|chance of|"
+                         r"how (?:do|can|would) (?:i|you|we) (?:tell|know|recogni[sz]e|spot))\b(?:\s+[\w'-]+){0,3}\s*$")
+# "心梗发作前有啥信号", "中风的前兆": asking about a condition, not describing one.
+_ABOUT_AFTER = re.compile("^(?:前|之前|以前)?(?:会)?(?:有|会有)?(?:什么|啥|哪些)?(?:的)?(?:前兆|信号|征兆|先兆|症状|表现|早期)|"
+                          r"^\s*(?:signs|symptoms|warning signs)\b")
+# "空调对着头吹会面瘫吗": asking whether something causes it.
+_RISK_BEFORE = re.compile("(?:会|容易|能|可能会|导致|引起|造成|引发)$")
+# "can anxiety cause chest pain": asking what causes it.
+_CAUSE_BEFORE_EN = re.compile(r"\b(?:cause|causes|causing|caused by|lead to|trigger)\s+(?:a\s+|an\s+)?$")
+_QUESTION_AFTER = re.compile("^(?:了)?(?:吗|么|嘛|呢)")
+# A symptom that has lasted months or years is not an emergency (it still needs a
+# doctor), unless something new or sudden is said in its clause. Only the symptom's
+# own clause counts ("说话不清楚好几年了", "胸口疼，好几年了"), not a background
+# condition ("高血压十多年了，今天胸口疼出冷汗").
+_CHRONIC = re.compile("(?:好多|很多|好几|几|多|\\d+|[一二两三四五六七八九十]+)(?:年|个多月|个月)了|多年了|很多年|"
+                      r"\bfor (?:years|months|(?:\d+|two|three|four|five|six|several|many) (?:years|months))\b")
+_CHRONIC_BEFORE = re.compile("(?:这几年|近几年|这些年|多年来|常年|长期|这几个月|几个月来)" + gap_zh(8) + "$|"
+                             r"\bfor (?:years|months)\b")
+_SHORT_CLAUSE = 12  # characters: a following clause this short only qualifies the symptom ("好多年了")
+_NEW_OR_SUDDEN = re.compile("又|突然|忽然|突发|今天|刚才|刚刚|加重|越来越|现在|最近|这两天|昨天|"
+                            r"\b(?:again|suddenly|today|now|worse|this morning|just now)\b")
+
+# A full stop between digits is a decimal point ("血糖2.8", "38.5度"), not a clause boundary.
+_CLAUSE_SPLIT = re.compile(r"(?:[,;!?，。；！？\n]|(?<!\d)\.|\.(?!\d))+|但是|可是|但|然而|"
+                           r"\b(?:but|however|although|though|except)\b")
+
+# Cantonese → Mandarin words that change a red flag's meaning (透唔到氣 = 透不到气).
+CANTONESE = str.maketrans({"唔": "不", "冇": "没", "咗": "了", "佢": "他", "係": "是", "喺": "在", "嘅": "的", "啲": "些"})
+
+
+def split_clauses(text: str) -> list[str]:
+    return [c for c in _CLAUSE_SPLIT.split(text) if c and c.strip()]
+
+
+def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | None, rest: str,
+               next_clause: str, chronic_cancels: bool) -> bool:
+    """True when the context around ``clause[start:end]`` cancels the match; ``rest``
+    is the message from this clause on (where "现在好了" may come later)."""
+    before, after = clause[:start], clause[end:]
+    if chronic_cancels and not _NEW_OR_SUDDEN.search(clause) and (
+            _CHRONIC.search(after) or _CHRONIC_BEFORE.search(before)
+            or (len(next_clause) <= _SHORT_CLAUSE and _CHRONIC.search(next_clause))):
+        return True
+    if not_before is not None and not_before.search(before):
+        return True
+    if _NEG_BEFORE_ZH.search(before) or _NEG_BEFORE_EN.search(before) or _NEG_AFTER_ZH.match(after):
+        return True
+    if _PREVENT_ZH.search(before) or _PREVENT_EN.search(before) or _ABOUT_AFTER.match(after):
+        return True
+    if (_RISK_BEFORE.search(before) and _QUESTION_AFTER.match(after)) or _CAUSE_BEFORE_EN.search(before):
+        return True
+    for past, current in ((_PAST_BEFORE_ZH, _CURRENT_ZH), (_PAST_BEFORE_EN, _CURRENT_EN)):
+        m = past.search(before)
+        if m and not current.search(m.group("between")):
+            return True
+    for past, current, resolved in ((_PAST_MONTHS_ZH, _CURRENT_ZH, _RESOLVED_ZH),
+                                    (_PAST_MONTHS_EN, _CURRENT_EN, _RESOLVED_EN)):
+        m = past.search(before)
+        if m and not current.search(m.group("between")) and resolved.search(rest):
+            return True
+    return bool(_PAST_AFTER_ZH.match(after) or _PAST_AFTER_EN.match(after))
+
+
