@@ -840,6 +840,29 @@ def test_a_heavy_period_asked_about_is_not_flagged(q):
     assert "bleeding.heavy_period_zh" not in match_red_flags(q), match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", ["万一有人煤气中毒了应该怎么急救", "什么是正确的心肺复苏做法 如果有人倒地不起",
+                               "saw a documentary where a man had a stroke, what are the early signs",
+                               "what should you do if a toddler swallows a button battery",
+                               "in a movie someone got stung by a bee and their throat swelled up, can that really happen",
+                               "my daughter had a fit when she was 2 with a fever, she is totally fine now, will it happen again"])
+def test_a_danger_told_as_a_story_a_lesson_or_long_over_is_not_an_emergency(q):
+    """safety/clause_context.py: a news or film story, a question of what to do should it happen,
+    or an age long left behind, with nobody of the user's own in the message (blind batch GG,
+    2026-12-05, had five such false alarms; these are other wordings)."""
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["看新闻说煤气中毒很危险 我妈头晕想吐 家里烧着炭炉",
+                               "read an article about sepsis and my baby is floppy and has a rash that does not fade",
+                               "what is the right way to help my mum, she is having a seizure and it has lasted 6 minutes",
+                               "我想学一下心肺复苏 我妈倒在地上叫不醒", "正确的做法是什么 孩子吞了电池",
+                               "if someone is choking what do I do my baby is choking",
+                               "the remote's battery is gone and I think he swallowed it", "遥控器的纽扣电池不见了 孩子好像吞了一颗"])
+def test_a_story_or_lesson_with_someone_of_ones_own_in_danger_stays_an_emergency(q):
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "emergency", match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
