@@ -863,6 +863,20 @@ def test_a_story_or_lesson_with_someone_of_ones_own_in_danger_stays_an_emergency
     assert result is not None and result.kind == "emergency", match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", ["医生开的硫酸亚铁吃了以后胃不舒服 怎么办", "我按时把药吃了 可还是睡不着", "把药吃了以后还是头晕 正常吗",
+                               "咳了一个礼拜 胸口有点疼 别的没什么"])
+def test_iron_sulfate_a_dose_taken_and_chest_pain_from_a_cough_are_not_flagged(q):
+    """硫酸亚铁 (ferrous sulfate) is a medicine, not sulphuric acid; "把药吃了" is a dose taken;
+    a cough explains mild chest pain (found while reviewing the rules, 2026-12-05)."""
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["咳嗽了好几天 刚才突然胸口压着疼 一身冷汗", "孩子误喝了半瓶硫酸 嘴巴起泡了"])
+def test_a_cough_does_not_explain_sudden_severe_chest_pain_and_acid_is_still_a_poisoning(q):
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "emergency", match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
