@@ -146,23 +146,11 @@ class ExactlyOnce:
         key = message_key(inbound)
         reply_key = f"reply:{key}"
         values: list[str | None] | None = None
-        # The read and the claim in one round trip: a claim taken for a message already answered
-        # (a redelivery) only expires unused.
-        read, claim = await asyncio.gather(self.store.get_many([reply_key, *reads]),
-                                           self.store.set_if_absent(f"dedup:{key}", "1", CLAIM_TTL_S),
-                                           return_exceptions=True)
         try:
-            for outcome in (read, claim):
-                if isinstance(outcome, BaseException) and not isinstance(outcome, StoreError):
-                    raise outcome
-            if isinstance(read, StoreError):
-                raise read
-            stored, *values = read
+            stored, *values = await self.store.get_many([reply_key, *reads])
             if stored is not None:
                 return Reply.from_json(stored)
-            if isinstance(claim, StoreError):
-                raise claim
-            claimed = claim
+            claimed = await self.store.set_if_absent(f"dedup:{key}", "1", CLAIM_TTL_S)
         except StoreError as exc:  # nothing answers, or it reads but cannot write (disk full, read-only)
             store_unavailable("dedup", exc)
             here = self.replies_here.get(reply_key)
