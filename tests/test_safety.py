@@ -877,6 +877,26 @@ def test_a_cough_does_not_explain_sudden_severe_chest_pain_and_acid_is_still_a_p
     assert result is not None and result.kind == "emergency", match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", [
+    "我妈中午吃饭时说话突然有些含糊 勺子也握不住 嘴角像是有点往下歪", "外公把药当成了钙片吃了 一下吃了五六片 现在没精神",
+    "my little boy got into the drain cleaner under the sink, there's white stuff around his mouth",
+    "she's burning up and there are tiny purple dots on her tummy that don't fade when I press a glass",
+    "how do i hide the cuts on my wrists at school", "cutting is the only thing that helps me feel something"])
+def test_stroke_signs_with_words_between_counted_tablets_caustic_cleaner_spots_and_hidden_cuts_are_flagged(q):
+    """Blind batch HH (2026-12-05), read after it was measured: FAST signs with a few words
+    between, tablets counted in words, drain cleaner, spots that don't fade, hiding cuts; other
+    wordings."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None, match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["这个药一天吃三四片可以吗", "每次吃四五粒药会不会太多", "吃了好几片西瓜 肚子有点凉",
+                               "我爸手抖 筷子拿不稳好几年了", "is oven cleaner safe to use around a toddler",
+                               "i cut my finger chopping onions, how do i hide the plaster"])
+def test_doses_asked_about_a_long_tremor_and_cleaning_questions_are_not_flagged(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
