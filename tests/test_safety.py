@@ -897,6 +897,16 @@ def test_doses_asked_about_a_long_tremor_and_cleaning_questions_are_not_flagged(
     assert match_red_flags(q) == [], match_red_flags(q)
 
 
+@pytest.mark.parametrize(("q", "flagged"), [
+    ("had a nosebleed at lunch, about 5 minutes, it stopped by itself after I pinched it", False),
+    ("nosebleed for 7 minutes, what's the best way to pinch", False),
+    ("my daughter's nosebleed has gone on for 25 minutes even with pinching", True),
+    ("nosebleed stopped on its own earlier but it's bleeding again now for 15 minutes", True)])
+def test_a_nosebleed_is_an_emergency_only_past_ten_minutes_or_bleeding_again(q, flagged):
+    """NHS "Nosebleed": A&E when it has lasted more than 10 to 15 minutes (blind batch HH, read)."""
+    assert ("bleeding.nosebleed_en" in match_red_flags(q)) is flagged, match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
