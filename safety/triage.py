@@ -224,7 +224,7 @@ def crisis_reply(lang: str, cfg: SafetyConfig) -> str:
 #: "说不出话" while choking is also a stroke sign, a pregnant woman's headache also a
 #: headache, confusion in the heat, from low blood sugar, after drowning, an electric
 #: shock or a swallowed battery is what those cause, and a burn bleeds.
-_FIRST_AID_WINS = (("breathing.chok", "choking"), ("pregnancy.", "pregnancy"), ("heatstroke.", "heatstroke"),
+_FIRST_AID_WINS = (("poisoning.fumes", "gas"), ("breathing.chok", "choking"), ("pregnancy.", "pregnancy"), ("heatstroke.", "heatstroke"),
                    ("hypoglycemia.", "hypoglycemia"), ("drowning.", "drowning"), ("electric.", "electric"),
                    ("swallowed.", "swallowed"), ("burn.", "burn"))
 

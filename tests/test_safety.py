@@ -907,6 +907,20 @@ def test_a_nosebleed_is_an_emergency_only_past_ten_minutes_or_bleeding_again(q, 
     assert ("bleeding.nosebleed_en" in match_red_flags(q)) is flagged, match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", ["刚才把84和洁厕灵一起倒进马桶里 现在咳个不停 胸口发紧",
+                               "mixed some bleach with ammonia cleaner in the bathroom and now I'm wheezing"])
+def test_cleaning_products_mixed_and_breathed_in_get_the_fresh_air_first_aid(q):
+    """Chlorine or chloramine gas: fresh air first (the gas reply), not the heart-attack reply the
+    chest tightness alone would choose."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and ("通风" in result.reply or "fresh air" in result.reply), result
+
+
+@pytest.mark.parametrize("q", ["洁厕灵和84能混用吗", "消毒液兑水的比例是多少 我有点咳嗽", "can I mix bleach and vinegar to clean mould"])
+def test_asking_about_mixing_cleaners_is_not_flagged(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
