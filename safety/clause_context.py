@@ -3,7 +3,8 @@
 A match is cancelled, in its clause, by a negation before or after it ("没有胸痛", "no chest
 pain"), the distant past or months ago and over ("去年有过胸痛现在好了"), prevention or a question
 about a condition ("怎么预防煤气中毒", "中风的前兆"), a question of cause ("can anxiety cause
-chest pain"), a symptom that has lasted months or years with nothing new, a danger told as
+chest pain"), a symptom that has lasted months or years with nothing new, a doctor's diagnosis
+of something now over ("去医院说是热性惊厥，现在好好的"), a danger told as
 a news or media story ("看新闻说有小孩吞了纽扣电池"), or a question of what to do should it
 happen ("what's the right way to do back blows for a choking baby"). Clauses end at
 punctuation and contrast words (但是 / but): a negation never reaches across them.
@@ -47,6 +48,11 @@ _PAST_BEFORE_EN = re.compile(
     r"\b(?:last year|years? ago|in the past|used to|history of|previously|as a child|when i was young|once had|"
     r"in (?:19|20)\d\d|" + _AS_A_CHILD_EN + r")\b(?P<between>.*)$")
 _PAST_MONTHS_EN = re.compile(r"\b(?:last month|months? ago|last week)\b(?P<between>.*)$")
+# A condition named as a doctor's diagnosis ("去医院说是热性惊厥", "the doctor said it was a febrile
+# seizure"): over when the message says it is over ("现在好好的").
+_DIAGNOSED_ZH = re.compile("(?:(?:医生|医院|大夫|急诊)(?:说|讲|看了说|诊断)(?:是|为)?|诊断(?:为|是)|确诊(?:为|是)?)(?P<between>.*)$")
+_DIAGNOSED_EN = re.compile(r"\b(?:doctors?|hospital|gp|paediatrician|pediatrician|they) (?:said|told us|diagnosed)"
+                           r"(?: (?:it|that) was| it's| (?:him|her|me|them) with)?(?P<between>.*)$")
 _RESOLVED_EN = re.compile(r"\b(?:now fine|fine now|better now|recovered|all good now|ok now|okay now|healed|no longer|"
                           r"(?:totally|completely|perfectly) fine|been fine (?:ever )?since)\b")
 _PAST_AFTER_EN = re.compile(r"^\W*(?:\w+\s+){0,3}?(?:(?:\d+|a|one|two|three|four|five|six|seven|eight|nine|ten|a few|"
@@ -136,7 +142,8 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
         if m and not current.search(m.group("between")) and not _OWN_PEOPLE.search(rest):
             return True
     for past, current, resolved in ((_PAST_MONTHS_ZH, _CURRENT_ZH, _RESOLVED_ZH),
-                                    (_PAST_MONTHS_EN, _CURRENT_EN, _RESOLVED_EN)):
+                                    (_PAST_MONTHS_EN, _CURRENT_EN, _RESOLVED_EN),
+                                    (_DIAGNOSED_ZH, _CURRENT_ZH, _RESOLVED_ZH), (_DIAGNOSED_EN, _CURRENT_EN, _RESOLVED_EN)):
         m = past.search(before)
         if m and not current.search(m.group("between")) and resolved.search(rest):
             return True

@@ -921,6 +921,19 @@ def test_asking_about_mixing_cleaners_is_not_flagged(q):
     assert match_red_flags(q) == [], match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", ["女儿去年冬天发烧时抽了一下 医院说是高热惊厥 现在好好的 平时怎么护理",
+                               "the paediatrician said it was a febrile seizure and he's been fine ever since",
+                               "我妈老说胸口闷 心电图和彩超都查了没问题 医生说是焦虑 怎么调节情绪"])
+def test_a_diagnosis_now_over_and_chest_pain_examined_and_cleared_are_not_emergencies(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["孩子刚才抽搐了 医生说是热性惊厥 现在还在抽", "心电图上个月查过都正常 可刚才突然胸口压着疼 出冷汗"])
+def test_a_diagnosis_still_going_on_and_new_severe_chest_pain_stay_emergencies(q):
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "emergency", match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
