@@ -39,7 +39,7 @@ _PAST_BEFORE_ZH = re.compile(
     "(?:去年|前年|几年前|多年前|好几年前|(?:\\d+|[一二两三四五六七八九十几多]+)年前|(?<![饭觉床班学点天])以前|曾经|小时候|年轻(?:时|的时候)|"
     "之前(?:有过|得过))(?P<between>.*)$")
 _PAST_MONTHS_ZH = re.compile("(?:上个?月|几个月前|(?:\\d+|[一二两三四五六七八九十几]+)个月前|上周|上礼拜|上星期)(?P<between>.*)$")
-_RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出院|没再|没有再|好好的|一切正常|都正常")
+_RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出院|没再|没有再|好好的|一切正常|都正常|(?:一直|都)挺好")
 _PAST_AFTER_ZH = re.compile("^(?:了|过|后)?(?:已经|有)?(?:\\d+|[一二两三四五六七八九十几多好]+)(?:多)?年(?:了|多了|前)?")
 _CURRENT_ZH = re.compile("又|再次|现在|今天|今早|今晚|刚才|刚刚|突然|这会儿|此刻|目前|最近|这两天|昨天|昨晚|今儿")
 # "when he was 18 months", "when I was little": an age the person has left behind.
@@ -62,9 +62,9 @@ _CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|ri
 # A danger told as a news or media story, or asked about as knowledge (what to do should it
 # happen, the right way to give first aid, whether a belief is true): nothing current in between.
 _STORY_OR_LESSON_ZH = re.compile(
-    "(?:看新闻|新闻(?:上|里)|电视(?:剧|上|里)|电影里|网上(?:看到|说)|看到(?:一篇|一个|一则|篇)?(?:文章|报道|视频|新闻)|"
+    "(?:看新闻|新闻(?:上|里)|电视(?:剧|上|里)|电影里|网上(?:看到|说)|朋友圈(?:看到|里|上|说)|看到(?:一篇|一个|一则|篇)?(?:文章|报道|视频|新闻)|"
     "(?:文章|报道|视频)(?:上|里)?说|(?:万一|如果|要是|假如)(?:遇到|碰到|看到)?(?:有人|别人|路人|陌生人)|"
-    "急救(?:课|培训|知识)|想学(?:一下)?|学习(?:一下)?|正确的?(?:做法|方法|急救))(?P<between>.*)$")
+    "急救(?:课|培训|知识)|(?:想|要)(?:提前)?学(?:一下|习)?|学习(?:一下)?|正确的?(?:做法|方法|急救))(?P<between>.*)$")
 _STORY_OR_LESSON_EN = re.compile(
     r"\b(?:on the news|in the news|news (?:story|report|article)|read (?:an?|this|that|some) (?:article|story|post|report)|"
     r"saw (?:an?|this|that) (?:video|article|post|story|documentary|report)|on (?:tv|telly|tiktok|youtube|facebook)|"
@@ -74,10 +74,15 @@ _STORY_OR_LESSON_EN = re.compile(
     r"(?:someone|somebody|a person|anyone|people|they|a (?:baby|child|kid|toddler|friend))|"
     r"if (?:someone|somebody|a person|anyone) (?:is|was|has|starts?|were|gets?|collapses?))\b(?P<between>.*)$")
 
-# Someone of the user's own (or the user) named anywhere from the frame on: the story or lesson
-# may be about them ("看新闻说纽扣电池很危险 我家孩子吞了一个"), so the frame does not hold.
+# Someone of the user's own (or the user) named from the frame on, in the framed clause or with
+# something happening now: the story or lesson may be about them ("看新闻说纽扣电池很危险 我家孩子吞
+# 了一个", "is it true a stiff neck and a rash mean meningitis? my son has all three"), so the frame
+# does not hold. Named with a prevention question alone ("…怎么跟我家孩子讲", "so it never happens to
+# my kids") it still holds.
 _OWN_PEOPLE = re.compile("我|俺|咱|爸|妈|爷|奶|孩子|宝宝|儿子|女儿|闺女|老公|老婆|老伴|外公|外婆|婆婆|公公|孙|哥|姐|弟|妹|"
                          r"\b(?:my|our|i|i'm|im|i've|i'd|me|we|we're|us)\b")
+_HAPPENING_NOW = re.compile("现在|刚才|刚刚|突然|正在|还在|今天|今早|今晚|这会儿|"
+                            r"\b(?:now|right now|just|today|tonight|currently|has|have|is having|keeps?)\b")
 
 _PREVENT_ZH = re.compile("(?:预防|防止|避免|防范|怎么防|如何防|怎样防|远离|降低|(?:怎么|怎样|如何)(?:判断|识别|区分|分辨|知道|看出))"
                          + gap_zh(6) + "$")
@@ -139,7 +144,8 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
             return True
     for story, current in ((_STORY_OR_LESSON_ZH, _CURRENT_ZH), (_STORY_OR_LESSON_EN, _CURRENT_EN)):
         m = story.search(before)
-        if m and not current.search(m.group("between")) and not _OWN_PEOPLE.search(rest):
+        if m and not current.search(m.group("between")) and not (
+                _OWN_PEOPLE.search(clause[m.start():]) or (_OWN_PEOPLE.search(rest) and _HAPPENING_NOW.search(rest))):
             return True
     for past, current, resolved in ((_PAST_MONTHS_ZH, _CURRENT_ZH, _RESOLVED_ZH),
                                     (_PAST_MONTHS_EN, _CURRENT_EN, _RESOLVED_EN),

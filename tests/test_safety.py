@@ -934,6 +934,25 @@ def test_a_diagnosis_still_going_on_and_new_severe_chest_pain_stay_emergencies(q
     assert result is not None and result.kind == "emergency", match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", [
+    "孕35周 今天从早上到现在都没感觉到胎动", "怀孕31周 刚才突然流了一大股水 不是尿 还在往外渗",
+    "外婆打完胰岛素没吃饭 现在满头大汗 说话颠三倒四", "剁骨头把手砍了一刀 按了十分钟还一直往外冒血",
+    "my gran suddenly has terrible belly pain, she says it feels like something is tearing inside",
+    "grandad is on antibiotics for a chest infection, now he's confused and his knees look blotchy and purple",
+    "孩子的纽扣电池不见了 估计是被他吞了", "女儿癫痫发作五六分钟了还在抽", "老豆发烧 身上有啲紫色斑点 揿落去都唔褪"])
+def test_fetal_movements_waters_sweats_on_insulin_bleeding_still_going_tearing_pain_sepsis_and_more_are_flagged(q):
+    """Blind batch II (2026-12-05), read after it was measured: each a kind its emergencies showed; other wordings."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None, match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["宝宝便秘 拉的时候憋得脸通红 怎么办", "抽血还在抽吗 要等多久", "电池这种东西 孩子可能吞了怎么看出来",
+                               "孩子去年发烧抽过一次 医生说是高热惊厥 后来一直挺好的 能预防吗",
+                               "家里老人吃饭慢 想提前学一下老人噎住了怎么急救"])
+def test_straining_a_blood_test_a_question_about_batteries_a_febrile_fit_long_over_and_a_lesson_are_not_flagged(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
