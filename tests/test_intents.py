@@ -278,3 +278,9 @@ def test_every_department_example_gets_its_department(index):
 def test_thanks_with_news_that_the_advice_helped_is_a_greeting_unless_it_asks(text, greeting):
     from safety.normalize import normalize
     assert (rule_intent(normalize(text)) is Intent.GREETING) is greeting
+
+
+@pytest.mark.parametrize("q", ["看新闻说有小孩吞了纽扣电池很危险 家里还有什么要收好的", "新闻里说儿童误食洗衣凝珠的多了 怎么防"])
+def test_a_childs_safety_after_a_news_story_is_not_out_of_scope(q):
+    """The clean-clone check (2026-12-05): the out-of-scope rule read 新闻 alone and refused it."""
+    assert rule_intent(normalize(q)) is None
