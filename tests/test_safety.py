@@ -953,6 +953,22 @@ def test_straining_a_blood_test_a_question_about_batteries_a_febrile_fit_long_ov
     assert match_red_flags(q) == [], match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", ["my 4 month old is grunting every time she breathes out and her nostrils flare",
+                               "toddler has bronchiolitis, the skin under his ribs pulls in with each breath",
+                               "孙女呼吸的时候鼻翼一扇一扇的 锁骨那里一吸一吸往里陷"])
+def test_a_child_working_hard_to_breathe_is_an_emergency(q):
+    """NICE NG143 (grunting, chest indrawing: red). Blind GG's baby with a cold, grunting and
+    sucking in under the ribs lost its safety net at a retrain; the rules now catch the kind."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "emergency", match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["胸口凹进去是漏斗胸吗", "宝宝肋骨凹进去 是缺钙吗", "肚子凹进去了 是不是太瘦",
+                               "my husband grunts when he lifts weights", "how do I suck in my belly for photos"])
+def test_a_hollow_chest_a_flat_belly_and_grunting_at_the_gym_are_not_flagged(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["糖尿病人能吃苹果吗 会不会升血糖", "糖尿病 怎么预防酮症酸中毒", "diabetic here, is deep breathing exercise good for stress",
                                "where do I keep dishwasher pods so the kids can't get at them, my son bit the box once"])
 def test_diabetes_and_pods_in_everyday_questions_are_not_flagged(q):
