@@ -198,7 +198,7 @@ async def test_an_overloaded_or_unavailable_encoder_gets_the_polite_busy_reply(d
 
 
 @pytest.mark.parametrize("q, intent, topic", [
-    ("my phone screen is cracked", Intent.OUT_OF_SCOPE, None),  # "screen" is a health word: the examples decide
+    ("my phone screen is cracked", Intent.OUT_OF_SCOPE, None),  # a cracked screen is no health word: the rule decides
     ("too much time on my phone", Intent.ANSWER, "mental.screen_time"),
     ("gua sha turned my skin purple, is that normal", Intent.ANSWER, "tcm.cupping_guasha"),
 ])
