@@ -77,7 +77,7 @@ MEMBERS = 8
 #: 87.2 %, 0.308; 0.7 trees + 0.3 networks 87.7 %, 0.296 (raw, before the temperature).
 TREE_WEIGHT = 0.7
 #: Bumped when features or training change, so cached verifiers are not reused.
-FIT_VERSION = "9"
+FIT_VERSION = "11"
 
 
 def training_pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndarray], example_logits: np.ndarray,
@@ -102,7 +102,7 @@ def training_pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndar
             add(retriever.pair_features(vector, text, topic=int(owner), exclude=i)[1], int(owner), example_logits[i], True)
     for row, vector in zip(rows, vectors):
         text = query_text(row["q"])
-        logits = row_logits[text] if text in row_logits else prior.logits(vector)
+        logits = row_logits[text] if text in row_logits else prior.logits(vector, text)
         topic, feats = retriever.pair_features(vector, text)
         add(feats, topic, logits, row["intent"] == "answer" and retriever.topic_ids[topic] in row["topics"])
         if row["intent"] == "answer":  # a near topic that is not the answer: the runner-up negative
@@ -153,7 +153,8 @@ def _pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndarray], kn
            prior: TopicPrior) -> tuple[np.ndarray, np.ndarray]:
     """:func:`training_pairs` with the prior's out-of-fold logits computed for it."""
     lines = prior_rows(retriever)
-    oof = out_of_fold_logits(*training_lines(retriever, known, lines), len(retriever.topic_ids))
+    x, y, texts = training_lines(retriever, known, lines)
+    oof = out_of_fold_logits(x, y, len(retriever.topic_ids), texts)
     examples = len(retriever.vectors)
     row_logits = {query_text(r["q"]): oof[examples + j] for j, r in enumerate(lines)}
     return training_pairs(retriever, rows, vectors, oof[:examples], row_logits, prior)

@@ -39,7 +39,7 @@ async def pair(dispatcher, text: str, topic: str) -> float:
     vector = (await retriever.encoder.encode([q]))[0]
     index = retriever.topic_ids.index(topic)
     _, features = retriever.pair_features(vector, q, topic=index)
-    return dispatcher.topic_fit.probability(features, retriever.prior.terms(retriever.prior.logits(vector), index))
+    return dispatcher.topic_fit.probability(features, retriever.prior.terms(retriever.prior.logits(vector, q), index))
 
 
 @pytest.mark.parametrize("text, topic", [
