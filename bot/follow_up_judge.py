@@ -44,6 +44,7 @@ from bot.follow_up import (POPULATION_FACETS, FollowUp, FollowUpPlan, cue_length
 from bot.knowledge import Topic
 from bot.logs import logged_step
 from bot.retrieval import Retriever, SearchResult
+from bot.topic_prior import PRIOR_VERSION
 from inference.batcher import BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
 from safety.normalize import normalize
@@ -204,7 +205,10 @@ class FollowJudge:
         """
         pairs = await asyncio.to_thread(training_pairs, retriever.kb.topics)
         digest = hashlib.sha256(json.dumps([retriever.kb.digest, pairs], ensure_ascii=False).encode()).hexdigest()
-        key = hashlib.sha256(f"{JUDGE_VERSION}/{model_digest}/{digest}/{C}/{FEATURES}".encode()).hexdigest()[:16]
+        # the features read retrieval's ranking, and so the topic prior (bot/topic_prior.py)
+        prior = retriever.prior.report if retriever.prior is not None else None
+        key = hashlib.sha256(f"{JUDGE_VERSION}/{model_digest}/{digest}/{C}/{FEATURES}/{PRIOR_VERSION}/{prior}"
+                             .encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"follow-judge-{key}.npz" if cache_dir else None
         if cache and cache.exists():
             saved = np.load(cache)
