@@ -3,11 +3,11 @@
 The e5 embedding (bot/embedding.py) places a question by meaning, and a short or colloquial one
 ("娃儿晚上睡觉老是出汗") can land near a topic that shares its sense but not its subject. A
 classifier over the question's character n-grams reads the words themselves: two views that
-err differently. The topic prior (bot/topic_prior.py) adds their log-probabilities.
+err differently. The topic prior (bot/topic_prior.py) averages their log-probabilities.
 
 Features: TF-IDF of character 1- to 3-grams inside each word padded with spaces (scikit-learn's
 ``char_wb`` analyzer, written here so that serving needs neither scikit-learn nor its per-call
-overhead: about 30 µs a question), sublinear term frequency, L2-normalized; n-grams seen in fewer
+overhead: 20-130 µs a question), sublinear term frequency, L2-normalized; n-grams seen in fewer
 than :data:`MIN_DF` training lines are dropped. Model: a multinomial logistic regression trained by
 stochastic gradient descent (scikit-learn's ``SGDClassifier``, log loss, L2 :data:`ALPHA`, fixed
 seed), about 25 s on 2 cores for the prior's 13,628 lines.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,18 +35,30 @@ NGRAMS, MIN_DF, ALPHA, EPOCHS = (1, 3), 2, 1e-6, 30
 SETTINGS = f"char_wb{NGRAMS}/{MIN_DF}/{ALPHA}/{EPOCHS}"
 
 
-def ngrams(text: str) -> Counter:
-    """Character n-grams of each whitespace-separated word of ``text`` padded with one space
-    each side (lengths :data:`NGRAMS`), with their counts."""
+def ngrams(text: str) -> Iterator[str]:
+    """Character n-grams of each whitespace-separated word of ``text`` (lowercased) padded with
+    one space each side, lengths :data:`NGRAMS`, in order (a gram as often as it occurs)."""
     lo, hi = NGRAMS
-    out: Counter = Counter()
     for word in text.lower().split():
         padded = f" {word} "
-        for n in range(lo, hi + 1):
-            if n > len(padded):
-                break
-            out.update(padded[i:i + n] for i in range(len(padded) - n + 1))
-    return out
+        for n in range(lo, min(hi, len(padded)) + 1):
+            for i in range(len(padded) - n + 1):
+                yield padded[i:i + n]
+
+
+def tfidf_row(text: str, vocabulary: dict[str, int], idf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(columns int[K], weights float32[K]) of ``text``'s L2-normalized TF-IDF row over ``vocabulary``
+    (n-gram -> column) and ``idf`` float32[F]; empty arrays when no n-gram is in the vocabulary."""
+    counts: dict[int, int] = {}
+    for gram in ngrams(text):
+        if (col := vocabulary.get(gram)) is not None:
+            counts[col] = counts.get(col, 0) + 1
+    if not counts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    cols = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    tf = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float32, count=len(counts)))
+    w = tf * idf[cols]
+    return cols, w / np.linalg.norm(w)
 
 
 @dataclass(frozen=True)
@@ -62,21 +75,8 @@ class CharView:
     intercept: np.ndarray
 
     def features(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """(columns int[K], weights float32[K]) of ``text``'s L2-normalized TF-IDF row."""
-        lo, hi = NGRAMS
-        vocabulary, counts = self.vocabulary, {}
-        for word in text.lower().split():  # ngrams(), counting only the vocabulary's columns
-            padded = f" {word} "
-            for n in range(lo, min(hi, len(padded)) + 1):
-                for i in range(len(padded) - n + 1):
-                    if (col := vocabulary.get(padded[i:i + n])) is not None:
-                        counts[col] = counts.get(col, 0) + 1
-        if not counts:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        cols = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
-        tf = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float32, count=len(counts)))
-        w = tf * self.idf[cols]
-        return cols, w / np.linalg.norm(w)
+        """(columns int[K], weights float32[K]) of ``text``'s L2-normalized TF-IDF row (:func:`tfidf_row`)."""
+        return tfidf_row(text, self.vocabulary, self.idf)
 
     def logits(self, text: str) -> np.ndarray:
         """float32[topics] for one search text (bot/retrieval.py ``search_texts``)."""
@@ -98,8 +98,7 @@ class CharView:
 def _matrix(texts: list[str], vocabulary: dict[str, int], idf: np.ndarray):
     from scipy.sparse import csr_matrix  # training only
 
-    view = CharView(vocabulary, idf, np.zeros((len(vocabulary), 0), np.float32), np.zeros(0, np.float32))
-    rows = [view.features(t) for t in texts]
+    rows = [tfidf_row(t, vocabulary, idf) for t in texts]
     indptr = np.cumsum([0] + [len(c) for c, _ in rows])
     cols = np.concatenate([c for c, _ in rows]) if rows else np.zeros(0, np.int64)
     data = np.concatenate([w for _, w in rows]) if rows else np.zeros(0, np.float32)
@@ -116,7 +115,7 @@ def fit_char_view(texts: list[str], y: np.ndarray, topics: int, seed: int = 0) -
 
     df: Counter = Counter()
     for t in texts:
-        df.update(ngrams(t).keys())
+        df.update(set(ngrams(t)))
     kept = sorted(g for g, n in df.items() if n >= MIN_DF)
     vocabulary = {g: i for i, g in enumerate(kept)}
     idf = np.asarray([math.log((1 + len(texts)) / (1 + df[g])) + 1.0 for g in kept], dtype=np.float32)

@@ -419,7 +419,7 @@ class Retriever:
         parts = [self._score(q, ts) for q, ts in zip(qs, terms)]
         hybrid, dense, best_single, lexical = (np.mean([p[j] for p in parts], axis=0) for j in range(4))
         # the prior's logits once a question vector: for the ranking and for the verifier's prior terms
-        logits = None if self.prior is None else [self.prior.logits(q, texts[-1]) for q in qs]
+        logits = None if self.prior is None else list(self.prior.logits(qs, texts[-1]))
         ranked = hybrid if logits is None or self.mode != "hybrid" else self.prior.ranking(hybrid, logits)
         order = np.argsort(-ranked)[: max(k, 2)]
         margin = float(hybrid[order[0]] - hybrid[order[1]]) if len(order) > 1 else 1.0

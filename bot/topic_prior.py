@@ -159,10 +159,11 @@ class TopicPrior:
     report: dict
 
     def logits(self, q: np.ndarray, text: str) -> np.ndarray:
-        """float32[topics]: the mean of log p(topic) of the embedding's regression for q float32[D] and
-        of the character view for ``text``, the message's own search text (bot/retrieval.py
-        ``search_texts``; for a follow-up read with the topic in context, the message alone: the
-        characters of the context's title would outvote it, "冬季养生 那夏天呢")."""
+        """float32[topics] for q float32[D] (float32[K, topics] for K readings q float32[K, D]): the mean
+        of log p(topic) of the embedding's regression and of the character view for ``text``, the
+        message's own search text, read once (bot/retrieval.py ``search_texts``; for a follow-up read
+        with the topic in context, the message alone: the characters of the context's title would
+        outvote it, "冬季养生 那夏天呢")."""
         return _both(q @ self.coef + self.intercept, self.chars.logits(text))
 
     @staticmethod
