@@ -24,19 +24,23 @@ TABLE = Path(__file__).with_name("topic_scope.yaml")
 
 @dataclass(frozen=True)
 class Group:
-    """A population or named disease: ``id``, ``kind`` ("population" or "disease"), compiled ``cues``."""
+    """A population, named disease, body site or idea: ``id``, ``kind`` ("population", "disease",
+    "body_site" or "tcm_concept"), compiled ``cues``; ``topics`` covers it besides those that name it;
+    a group with ``rules_out`` is covered by every topic but those (an idea that any topic may
+    meet, but that a few topics whose words are close must not answer)."""
 
     id: str
     kind: str
     cues: re.Pattern
     topics: tuple[str, ...] = ()
+    rules_out: tuple[str, ...] = ()
 
 
 def load_groups(path: Path = TABLE) -> tuple[Group, ...]:
     """The groups of ``path``; raises ValueError (via re.error / KeyError) on a malformed table."""
     data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
-    return tuple(Group(g["id"], g["kind"], re.compile(g["cues"]), tuple(g.get("topics", ())))
-                 for g in data["groups"])
+    return tuple(Group(g["id"], g["kind"], re.compile(g["cues"]), tuple(g.get("topics", ())),
+                       tuple(g.get("rules_out", ()))) for g in data["groups"])
 
 
 class TopicScope:
@@ -49,8 +53,8 @@ class TopicScope:
         texts = {t.id: [normalize(q).text for lang in LANGS for q in (t.title[lang], *t.questions[lang])]
                  for t in kb.topics.values()}
         for g in self.groups:
-            self.covered[g.id] = frozenset(g.topics) | frozenset(
-                tid for tid, qs in texts.items() if any(g.cues.search(q) for q in qs))
+            self.covered[g.id] = frozenset(texts).difference(g.rules_out) if g.rules_out else frozenset(
+                g.topics) | frozenset(tid for tid, qs in texts.items() if any(g.cues.search(q) for q in qs))
 
     def named(self, text: str) -> list[str]:
         """Ids of the groups a normalized message names."""

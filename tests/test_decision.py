@@ -138,6 +138,10 @@ def test_topic_scope_is_read_off_the_knowledge_base():
     # hepatitis A is another disease than hepatitis B: the hepatitis B topic does not answer it
     assert scope.uncovered("how serious is hepatitis a?", "living.hepatitis_b") == "other_hepatitis"
     assert scope.uncovered("乙肝携带者饮食要注意什么", "living.hepatitis_b") is None
+    # 肾虚 is a TCM idea: the kidney-disease diet does not answer it, the cold-hands topic may
+    assert scope.uncovered("肾虚怎么补", "longterm.ckd_diet") == "tcm_kidney"
+    assert scope.uncovered("肾阳虚手脚冰凉怎么调理", "body.cold_hands_feet") is None
+    assert scope.uncovered("慢性肾病饮食注意什么", "longterm.ckd_diet") is None
 
 
 def test_the_safety_net_travels_in_the_json_and_between_replicas():
