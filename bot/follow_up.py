@@ -94,6 +94,7 @@ class _Rules:
     more_loose: re.Pattern
     generic: frozenset[str]  # title words that name no subject (Retriever.new_subject)
     same: tuple[tuple[str, re.Pattern], ...]  # (population facet, its cue with a word tying it to the last answer)
+    refers_back: dict[str, re.Pattern]  # script ("zh" for any non-Latin text, "en") -> words pointing back
 
 
 @lru_cache(maxsize=1)
@@ -116,7 +117,8 @@ def _rules(path: Path = RULES_PATH) -> _Rules:
                   same=tuple((name, re.compile("|".join(
                       f"(?:{data['same'][lang].replace('{who}', '(?:' + data['loose'][name][lang] + ')')})"
                       for lang in ("zh", "en"))))
-                      for name in data["loose_order"] if name in POPULATION_FACETS))
+                      for name in data["loose_order"] if name in POPULATION_FACETS),
+                  refers_back={lang: re.compile(data["refers_back"][lang]) for lang in ("zh", "en")})
 
 
 def _length(text: str) -> int:
@@ -217,6 +219,14 @@ def without_cues(text: str) -> str:
     for _, pattern in rules.loose:
         text = pattern.sub(" ", text)
     return rules.more_loose.sub(" ", text)
+
+
+def refers_back(text: str) -> bool:
+    """True when ``text`` (normalized) points back at what was just said without naming it: a
+    demonstrative or pronoun ("这个要紧吗", "will it go away?") or a verb whose object is left out
+    ("喂奶期间能吃吗"); the rules' ``refers_back`` words, English ones for a message in Latin script."""
+    text = text.strip().lower()
+    return bool(_rules().refers_back["en" if text.isascii() else "zh"].search(text))
 
 
 def is_follow_up(text: str) -> bool:

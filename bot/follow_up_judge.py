@@ -40,7 +40,7 @@ import structlog
 from bot.classifier import DATA_DIR as DECISION_DATA, HELD_OUT, SEED, binary_log_loss, save_arrays, sigmoid
 from bot.embedding import embed_all
 from bot.follow_up import (POPULATION_FACETS, FollowUp, FollowUpPlan, cue_length, is_bare_follow_up, is_follow_up,
-                           new_subject_of, read_cue, read_follow_up)
+                           new_subject_of, read_cue, read_follow_up, refers_back)
 from bot.knowledge import Topic
 from bot.logs import logged_step
 from bot.retrieval import Retriever, SearchResult
@@ -55,13 +55,13 @@ log = structlog.get_logger("healthbot.follow_up_judge")
 DATA_DIR = Path(__file__).parent / "follow_up_data"
 #: The judge's inputs, in order (:func:`judge_features`).
 FEATURES = ("own_confidence", "own_gap", "own_context_score", "context_gap", "context_first", "new_subject",
-            "length", "tied", "population", "more", "lead", "own_near", "answer_score", "answer_gap")
+            "length", "tied", "population", "more", "lead", "own_near", "answer_score", "answer_gap", "refers_back")
 #: L2 strength (scikit-learn's C) of the logistic regression, whose two classes weigh the same
 #: (there are about seven pairs that do not follow for one that does); chosen on follow-up sets 1-5
 #: and the standalone-question guard (bot/follow_up_data/README.md).
 C = 1.0
 #: Bumped when features or training change, so cached judges are not reused.
-JUDGE_VERSION = "1"
+JUDGE_VERSION = "2"
 #: P(follows) from which a message with a cue is answered from the topic in context; chosen on
 #: follow-up sets 1-5 and the standalone-question guard (bot/follow_up_data/README.md).
 FOLLOW_PROBABILITY = 0.4
@@ -94,7 +94,8 @@ def features_of(retriever: Retriever, text: str, topic_id: str, cue: tuple[Follo
                        ctx.matches[0].score - ctx_score, ctx.matches[0].topic_id == topic_id,
                        new_subject_of(retriever, text, topic_id) is not None, cue_length(text), tied,
                        facet.facet in POPULATION_FACETS, facet.facet is None, is_follow_up(text),
-                       topic_id in [m.topic_id for m in own.matches], answers[t], answers.max() - answers[t]],
+                       topic_id in [m.topic_id for m in own.matches], answers[t], answers.max() - answers[t],
+                       refers_back(text)],
                       dtype=np.float32)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.follow_up import FollowUp, read_cue
+from bot.follow_up import FollowUp, read_cue, refers_back
 from bot.follow_up_judge import FEATURES, FOLLOW_PROBABILITY, judge_features, plan_follow_up, training_pairs
 from inference.batcher import BusyError
 from safety.normalize import normalize
@@ -29,6 +29,22 @@ def _norm(text: str) -> str:
 ])
 def test_a_cue_says_what_a_message_would_ask_of_the_topic_in_context(text, cue):
     assert read_cue(_norm(text)) == cue
+
+
+@pytest.mark.parametrize("text, back", [
+    ("喂奶期间能吃吗 我特别馋", True),  # the object left out
+    ("这个要紧吗", True),
+    ("will it go away on its own?", True),
+    ("are there foods that set it off?", True),
+    ("这个季节吃什么好", False),  # a time, not what was said
+    ("is it safe to do yoga while pregnant?", False),  # a dummy "it"
+    ("why do my fingers go white when it's cold?", False),
+    ("what can kids eat for breakfast that isn't full of sugar", False),  # a relative "that"
+    ("我家孩子老是眨眼睛 怎么回事", False),
+])
+def test_words_that_point_back_at_the_last_answer_are_one_input_of_the_judge(text, back):
+    assert refers_back(_norm(text)) is back
+    assert "refers_back" in FEATURES
 
 
 async def test_the_trained_judge_tells_a_follow_up_from_a_question_of_its_own(dispatcher):
