@@ -165,3 +165,5 @@ def test_supplements_are_not_named_medicines():
     assert names_medicine("我吃的那个氨氯地平能和柚子一起吃吗") and names_medicine("can i take ibuprofen with coffee")
     assert not names_medicine("老人需要补钙片吗") and not names_medicine("should i take vitamin d in winter")
     assert not names_medicine("用刀片划了手臂") and not names_medicine("拍了照片给你看")  # a blade, a photo
+    assert not names_medicine("要不要去医院拍个片 还是再等等") and not names_medicine("照张片看看骨头有没有事")  # an X-ray
+    assert names_medicine("拍个片 顺便开点止痛片")
