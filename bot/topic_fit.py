@@ -61,7 +61,7 @@ from bot.classifier import (HELD_OUT, SEED, Network, binary_log_loss, data_rows,
 from bot.logs import logged_step
 from bot.embedding import embed_all
 from bot.retrieval import Retriever
-from bot.topic_prior import C, FOLDS, TopicPrior, out_of_fold_logits, prior_rows, training_lines
+from bot.topic_prior import C, FOLDS, PRIOR_VERSION, TopicPrior, out_of_fold_logits, prior_rows, training_lines
 from bot.trees import Trees, fit_trees
 
 log = structlog.get_logger("healthbot.topic_fit")
@@ -189,8 +189,9 @@ class TopicFit:
         """
         rows = data_rows()
         digest = hashlib.sha256(json.dumps([retriever.kb.digest, rows], ensure_ascii=False).encode()).hexdigest()
+        # the verifier learns from the prior's out-of-fold logits: a new prior is a new verifier
         key = hashlib.sha256(f"{FIT_VERSION}/{model_digest}/{digest}/{HIDDEN}/{ALPHA}/{MEMBERS}/{TREE_WEIGHT}/{C}/{FOLDS}"
-                             .encode()).hexdigest()[:16]
+                             f"/{PRIOR_VERSION}".encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"topic-fit-{key}.npz" if cache_dir else None
         if cache and cache.exists():
             net, temperature, report = load_network(cache)

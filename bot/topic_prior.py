@@ -62,7 +62,7 @@ FLOOR = -20.0
 #: Folds of the out-of-fold logits the topic-fit verifier is trained on (:func:`out_of_fold_logits`).
 FOLDS = 5
 #: Bumped when the training changes, so cached priors are not reused.
-PRIOR_VERSION = "3"
+PRIOR_VERSION = "4"
 
 
 def _fit(x: np.ndarray, y: np.ndarray, topics: int) -> tuple[np.ndarray, np.ndarray]:
