@@ -187,10 +187,12 @@ def test_drinking_a_lot_and_ordinary_what_is_the_point_are_not_flagged(text):
 
 @pytest.mark.parametrize("text", ["冬天手一直泡冷水，手指头裂开好多口子，平时要怎么护理", "年纪大了人家说话听不清楚 尤其人多的时候",
                                   "Pregnant and after eat my chest feel burning, how to help?",
-                                  "吃了螃蟹又吃了柿子 我老伴吓唬我说要中毒 到底有没有这回事"])
+                                  "吃了螃蟹又吃了柿子 我老伴吓唬我说要中毒 到底有没有这回事",
+                                  "你听不懂我说话 叫你们工作人员来"])  # said to the bot
 def test_chapped_fingers_hearing_heartburn_and_a_food_myth_are_not_flagged(text):
     """Training lines written in 2026-12-05 that four rules flagged: 手指头 + 裂开 (thunderclap),
-    说话 + 听不清 (slurred speech), "chest feel burning" (a large burn), 说要中毒 (a belief)."""
+    说话 + 听不清 (slurred speech), "chest feel burning" (a large burn), 说要中毒 (a belief); and a
+    development line that told the bot it does not understand (听不懂我说话: the stroke speech rule)."""
     assert match_red_flags(text) == []
 
 
