@@ -28,7 +28,7 @@ import asyncio
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ from bot.knowledge import LANGS, KnowledgeBase
 from bot.logs import logged_step
 from bot.embedding import embed_all
 from bot.terms import canonical_terms
+from inference.lru import LRUCache
 from safety.normalize import normalize
 
 log = structlog.get_logger("healthbot.classifier")
@@ -256,11 +257,19 @@ class DecisionHead:
     network: Network
     temperature: float
     report: dict
+    #: probabilities of vectors seen before (repeated questions), by the vector's bytes; as many as
+    #: the encoder's embedding cache holds (:meth:`build`), none by default
+    seen: LRUCache[dict[str, float]] = field(default_factory=lambda: LRUCache(0), compare=False, repr=False)
 
     def probabilities(self, vector: np.ndarray) -> dict[str, float]:
-        """``{label: probability}`` (sums to 1) for one float32[D] L2-normalized query embedding."""
-        p = _softmax(self.network.logits(vector) / self.temperature)
-        return dict(zip(LABELS, p.tolist()))
+        """``{label: probability}`` (sums to 1, a new dict the caller may change) for one float32[D]
+        L2-normalized query embedding."""
+        key = vector.tobytes()
+        if (kept := self.seen.get(key)) is None:
+            p = _softmax(self.network.logits(vector) / self.temperature)
+            kept = dict(zip(LABELS, p.tolist()))
+            self.seen.put(key, kept)
+        return dict(kept)
 
     @classmethod
     async def build(cls, kb: KnowledgeBase, encoder, cache_dir: Path | None = None, model_digest: str = "",
@@ -278,8 +287,9 @@ class DecisionHead:
         key = hashlib.sha256(f"{HEAD_VERSION}/{model_digest}/{data_digest}/{HIDDEN}/{ALPHA}".encode()
                              ).hexdigest()[:16]
         cache = Path(cache_dir) / f"decision-head-{key}.npz" if cache_dir else None
+        seen = LRUCache(getattr(getattr(encoder, "cache", None), "size", 0))
         if cache and cache.exists():
-            head = cls(*load_network(cache))
+            head = cls(*load_network(cache), seen=seen)
             log.info("decision_head", cached=True, **head.report)
             return head
         known = known if known is not None else {}  # updated in place: the caller may reuse the vectors
@@ -294,4 +304,4 @@ class DecisionHead:
         if cache:
             save_network(cache, net, temperature, report)
         log.info("decision_head", cached=False, **report)
-        return cls(net, temperature, report)
+        return cls(net, temperature, report, seen=seen)

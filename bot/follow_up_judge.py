@@ -31,7 +31,7 @@ import asyncio
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,7 @@ from bot.retrieval import Retriever, SearchResult
 from bot.topic_prior import PRIOR_VERSION
 from inference.batcher import BusyError, DeadlineExceeded
 from inference.engines.base import EngineError
+from inference.lru import LRUCache
 from safety.normalize import normalize
 from safety.pii import mask_pii
 
@@ -166,6 +167,9 @@ class FollowJudge:
     weights: np.ndarray
     bias: float
     report: dict
+    #: whether a message followed the topic in context, by (message, topic id, language), for
+    #: repeated messages; as many as the retriever's search cache holds (:meth:`build`), none by default
+    seen: LRUCache[bool] = field(default_factory=lambda: LRUCache(0), compare=False, repr=False)
 
     def probability(self, features: np.ndarray) -> float:
         """P(follows) in [0, 1] for one float32[F] :func:`judge_features` vector."""
@@ -214,7 +218,7 @@ class FollowJudge:
         if cache and cache.exists():
             saved = np.load(cache)
             judge = cls(saved["mean"], saved["scale"], saved["weights"], float(saved["bias"]),
-                        json.loads(str(saved["report"])))
+                        json.loads(str(saved["report"])), seen=LRUCache(retriever.results.size))
             log.info("follow_judge", cached=True, **judge.report)
             return judge
         with logged_step(log, "follow_judge_training", pairs=len(pairs),
@@ -226,7 +230,7 @@ class FollowJudge:
             save_arrays(cache, mean=judge.mean, scale=judge.scale, weights=judge.weights, bias=judge.bias,
                         report=json.dumps(judge.report))
         log.info("follow_judge", cached=False, **judge.report)
-        return judge
+        return replace(judge, seen=LRUCache(retriever.results.size))
 
 
 async def plan_follow_up(text: str, last: Topic | None, lang: str, retriever: Retriever) -> FollowUpPlan:
@@ -247,10 +251,14 @@ async def plan_follow_up(text: str, last: Topic | None, lang: str, retriever: Re
         return FollowUpPlan(facet=strict)
     judge: FollowJudge | None = retriever.follow_judge
     if judge is not None and (cue := read_cue(text)) is not None:
-        try:
-            features = await judge_features(retriever, text, last, lang, cue)
-        except (BusyError, DeadlineExceeded, EngineError):
-            features = None
-        if features is not None and judge.probability(features) >= FOLLOW_PROBABILITY:
+        if (follows := judge.seen.get(key := (text, last.id, lang))) is None:
+            try:
+                features = await judge_features(retriever, text, last, lang, cue)
+            except (BusyError, DeadlineExceeded, EngineError):
+                features = None  # read on its own this time; not remembered
+            follows = features is not None and judge.probability(features) >= FOLLOW_PROBABILITY
+            if features is not None:
+                judge.seen.put(key, follows)
+        if follows:
             return FollowUpPlan(loose=cue[0], with_context=True)
     return FollowUpPlan(with_context=is_follow_up(text))

@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +63,7 @@ from bot.embedding import embed_all
 from bot.retrieval import Retriever
 from bot.topic_prior import C, FOLDS, PRIOR_VERSION, TopicPrior, out_of_fold_logits, prior_rows, training_lines
 from bot.trees import Trees, fit_trees
+from inference.lru import LRUCache
 
 log = structlog.get_logger("healthbot.topic_fit")
 
@@ -167,13 +168,21 @@ class TopicFit:
     verifier: Verifier
     temperature: float
     report: dict
+    #: P(fit) of inputs seen before (repeated questions), by their bytes; as many as the encoder's
+    #: embedding cache holds (:meth:`build`), none by default
+    seen: LRUCache[float] = field(default_factory=lambda: LRUCache(0), compare=False, repr=False)
 
     def probability(self, features: np.ndarray, prior: np.ndarray | None) -> float:
         """P(fit) in [0, 1] for one float32[F] retrieval feature vector and the topic prior's
         float32[2] :meth:`~bot.topic_prior.TopicPrior.terms` of the same topic; ``prior`` None (the prior is
         off until the next start after a reload changed the topics) reads the training pairs' mean."""
         terms = np.asarray(self.report["prior_terms_mean"], dtype=np.float32) if prior is None else prior
-        return float(sigmoid(self.verifier.logits(np.concatenate([features, terms]))[0] / self.temperature))
+        x = np.concatenate([features, terms])
+        key = x.tobytes()
+        if (kept := self.seen.get(key)) is None:
+            kept = float(sigmoid(self.verifier.logits(x)[0] / self.temperature))
+            self.seen.put(key, kept)
+        return kept
 
     @classmethod
     async def build(cls, retriever: Retriever, prior: TopicPrior, cache_dir: Path | None = None,
@@ -193,9 +202,10 @@ class TopicFit:
         key = hashlib.sha256(f"{FIT_VERSION}/{model_digest}/{digest}/{HIDDEN}/{ALPHA}/{MEMBERS}/{TREE_WEIGHT}/{C}/{FOLDS}"
                              f"/{PRIOR_VERSION}".encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"topic-fit-{key}.npz" if cache_dir else None
+        seen = LRUCache(retriever.results.size)
         if cache and cache.exists():
             net, temperature, report = load_network(cache)
-            fit = cls(Verifier(net, Trees.from_arrays(np.load(cache))), temperature, report)
+            fit = cls(Verifier(net, Trees.from_arrays(np.load(cache))), temperature, report, seen=seen)
             log.info("topic_fit", cached=True, **fit.report)
             return fit
         known = known if known is not None else {}
@@ -212,4 +222,4 @@ class TopicFit:
             save_arrays(cache, temperature=temperature, report=json.dumps(report), **verifier.network.arrays(),
                         **verifier.trees.arrays())
         log.info("topic_fit", cached=False, **report)
-        return cls(verifier, temperature, report)
+        return cls(verifier, temperature, report, seen=seen)

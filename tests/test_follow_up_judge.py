@@ -75,8 +75,16 @@ async def test_a_message_is_read_on_its_own_when_the_encoder_cannot_judge_it(dis
         raise BusyError("full")
 
     monkeypatch.setattr(retriever, "search", busy)
+    # the reading of a message seen before is remembered and needs no encoder; a new one does
+    assert (await plan_follow_up(text, insomnia, "zh", retriever)).loose == FollowUp("elders")
+    plan = await plan_follow_up(text, retriever.kb.topics["body.cold_hands_feet"], "zh", retriever)
+    assert plan.loose is None and not plan.with_context
+    retriever.follow_judge.seen.clear()
     plan = await plan_follow_up(text, insomnia, "zh", retriever)
     assert plan.loose is None and not plan.with_context
+    monkeypatch.undo()  # the encoder serves again: a reading it missed was not kept
+    assert (await plan_follow_up(text, insomnia, "zh", retriever)).loose == FollowUp("elders")
+    monkeypatch.setattr(retriever, "search", busy)
     monkeypatch.setattr(retriever, "follow_judge", None)
     assert (await plan_follow_up(text, insomnia, "zh", retriever)).loose is None
     assert (await plan_follow_up("那饮食上呢", insomnia, "zh", retriever)).facet == FollowUp("diet")  # no judge needed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bot.classifier import query_text
+from bot.classifier import query_text, sigmoid
 from bot.topic_fit import fit_verifier
 
 
@@ -62,3 +62,20 @@ async def test_the_verifier_reports_its_calibration(dispatcher):
     report = dispatcher.topic_fit.report
     assert report["pairs"] > 5000 and report["ece"]["calibrated"] <= 0.05
     assert report["held_out_accuracy"] >= 0.75
+
+
+async def test_a_repeated_question_is_scored_once_and_the_caller_gets_its_own_copy(dispatcher):
+    retriever, head, fit = dispatcher.retriever, dispatcher.head, dispatcher.topic_fit
+    found = await retriever.search(query_text("晚上翻来覆去到两点都睡不着 有啥办法"))
+    scored = len(head.seen), len(fit.seen)
+    probs = head.probabilities(found.vector)
+    p = fit.probability(found.fit_features, found.prior_terms)
+    logits = head.network.logits(found.vector) / head.temperature
+    expected = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert list(probs.values()) == pytest.approx(expected.tolist(), abs=1e-6)
+    logit = fit.verifier.logits(np.concatenate([found.fit_features, found.prior_terms]))[0] / fit.temperature
+    assert p == pytest.approx(float(sigmoid(logit)), abs=1e-6)
+    probs["crisis"] = 1.0  # the dispatcher raises danger labels in its own dict
+    assert head.probabilities(found.vector)["crisis"] == pytest.approx(float(expected[list(probs).index("crisis")]))
+    assert fit.probability(found.fit_features, found.prior_terms) == p
+    assert len(head.seen) <= scored[0] + 1 and len(fit.seen) <= scored[1] + 1 and head.seen.size > 0
