@@ -33,11 +33,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
+import os
 import re
+import secrets
 import sys
 import time
-import uuid
 from typing import Any, Iterable, Iterator, TextIO
 
 import structlog
@@ -83,9 +85,23 @@ REDACTED = "***"
 # ------------------------------------------------------------------ request ids
 
 
-def new_request_id() -> str:
-    """A fresh request id: 32 lowercase hex characters (a random UUID4)."""
-    return uuid.uuid4().hex
+class _RequestIds:
+    """Request ids unique across processes and restarts without a system call each: a random
+    64-bit prefix per process (drawn again in a forked child) and a counter."""
+
+    def __init__(self) -> None:
+        self.reseed()
+        os.register_at_fork(after_in_child=self.reseed)
+
+    def reseed(self) -> None:
+        self.prefix, self.counter = secrets.token_hex(8), itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+#: A fresh request id: 32 lowercase hex characters (:class:`_RequestIds`).
+new_request_id = _RequestIds()
 
 
 def request_id_from_header(value: str | None) -> str:

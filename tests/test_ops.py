@@ -155,7 +155,18 @@ def test_request_ids_from_callers_are_kept_only_when_well_formed():
     assert request_id_from_header("lb-7f3a_01.2:x") == "lb-7f3a_01.2:x"
     for bad in (None, "", "a" * 65, "x\ny", 'a"b'):
         generated = request_id_from_header(bad)
-        assert len(generated) == 32 and generated != bad
+        assert len(generated) == 32 and generated != bad and int(generated, 16) >= 0
+    # unique within a process and across forked front ends (bot/prefork.py forks them)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, " ".join(request_id_from_header(None) for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 1 << 16).decode().split()
+    os.waitpid(pid, 0)
+    own = [request_id_from_header(None) for _ in range(100)]
+    assert len(child) == 100 and len(set(own + child)) == 200
 
 
 def test_secret_named_keys_are_redacted_at_any_depth():

@@ -87,7 +87,14 @@ async def test_a_repeated_question_is_scored_once_per_retriever_behind_the_embed
     assert not first.vector.flags.writeable and not first.fit_features.flags.writeable
     follow_up = await retriever.search("失眠怎么调理", context="饮食")
     assert follow_up is not first and follow_up.context_vector is not None and len(retriever.results) == 2
+    # the follow-up scored only "饮食 失眠怎么调理": the text alone was scored for the first search
+    assert len(retriever.scores) == 2
+    texts = retriever.search_texts("失眠怎么调理", "饮食")
+    fresh = retriever.read(texts, np.stack([(await inner.encode([t]))[0] for t in texts]))
+    np.testing.assert_array_equal(follow_up.scores, fresh.scores)
+    assert follow_up.matches == fresh.matches and follow_up.fit_features.tolist() == fresh.fit_features.tolist()
 
     plain = await Retriever.build(kb, inner)
     a, b = await plain.search("失眠怎么调理"), await plain.search("失眠怎么调理")
     assert a is not b and [m.topic_id for m in a.matches] == [m.topic_id for m in b.matches] and len(plain.results) == 0
+    assert len(plain.scores) == 0
