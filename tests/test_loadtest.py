@@ -218,6 +218,7 @@ async def test_open_loop_sends_at_the_rate_with_no_errors_and_measures_cpu_of_a_
     assert s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"] <= s["p99_9_ms"] <= s["max_ms"] < 1000
     assert len({m for _, m in dispatcher.seen}) == 50  # unique MsgIds
     assert s["cpu_source"].startswith("psutil") and s["cpu_ms_per_msg"] > 0 and s["event_loop_cpu_ms_per_msg"] > 0
+    assert s["encoder_cpu_ms_per_msg"] == 0 and s["front_end_cpu_ms_per_msg"] == s["cpu_ms_per_msg"]  # no encoder process
     per_openid: dict[str, int] = {}
     for user, _ in dispatcher.seen:
         per_openid[user] = per_openid.get(user, 0) + 1

@@ -316,7 +316,8 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
             steps.append(s)
             log(f"  {label} {rate:g}/s: answered {s['answered_rps']}/s p50 {s['p50_ms']} p99 {s['p99_ms']} "
                 f"p99.9 {s['p99_9_ms']} ms, errors {s['errors']}, deferred {s['deferred']}, not answers "
-                f"{s['not_answers']}, server CPU {s['cpu_ms_per_msg']} ms/msg, generators {s['client_cpu_ms_per_msg']} "
+                f"{s['not_answers']}, server CPU {s['cpu_ms_per_msg']} ms/msg (front ends {s['front_end_cpu_ms_per_msg']}, "
+                f"encoder's processes {s['encoder_cpu_ms_per_msg']}), generators {s['client_cpu_ms_per_msg']} "
                 f"ms/msg, GPU busy {s['gpu_busy_percent']} %" + (f", Redis CPU {s['redis_cpu_ms_per_msg']} ms/msg "
                 f"over {s['redis_commands_per_msg']} commands/msg" if redis else ""))
             if s["errors"] or s["p99_ms"] > 1000 or s["answered_rps"] < 0.9 * rate:

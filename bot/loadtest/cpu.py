@@ -3,10 +3,13 @@
 :class:`CpuMeter` reads CPU time (user + system) at the start and the end of a run:
 
 * with the server's process id (``--server-pid``, or the server the load test started with
-  ``--start-server``): psutil, that process and all its children (inference worker
-  processes, engine servers), and apart the process's main thread, which runs the event
-  loop (HTTP, dispatcher, store calls, logging; ONNX Runtime's and SQLite's threads are
-  the others);
+  ``--start-server``): psutil, that process and all its children, and apart (a) the
+  encoder's processes (inference worker processes and engine servers, ``python -m
+  inference.multiproc.*``: :data:`ENCODER_MODULES`) and (b) the main thread of every other
+  process, which runs its event loop (HTTP, dispatcher, store calls, logging; ONNX Runtime's
+  threads, an in-process encoder, are the others). ``front_end_cpu_ms_per_msg`` is the
+  server without the encoder's processes: issue 23's "CPU per message in the serving
+  process, encoder excluded" for the GPU layout, where the encoder has processes of its own;
 * without one: the server's own ``process_cpu_seconds_total`` from ``GET /metrics``
   (that process only, children not counted).
 
@@ -36,12 +39,17 @@ import aiohttp
 __all__ = ["CpuMeter", "CpuUsage", "ServerProcess", "own_cpu_s", "start_server"]
 
 
+#: Command-line modules of the encoder's own processes (inference/multiproc/supervision.py starts them).
+ENCODER_MODULES = ("inference.multiproc.engine_server", "inference.multiproc.worker")
+
+
 @dataclass
 class CpuUsage:
     """CPU seconds over a run: ``server_s`` (process and children, or the process alone),
-    ``main_thread_s`` (the server's event-loop thread; None without psutil and a pid),
-    ``client_s`` (the load generator), ``processes`` (server processes counted) and
-    ``source`` (how it was read)."""
+    ``main_thread_s`` (the event-loop threads: the main thread of the server and of each child
+    that is not the encoder's; None without psutil and a pid), ``client_s`` (the load generator),
+    ``processes`` (server processes counted), ``source`` (how it was read) and ``encoder_s`` (the
+    encoder's processes, :data:`ENCODER_MODULES`; None without psutil and a pid)."""
 
     server_s: float
     main_thread_s: float | None
@@ -49,12 +57,15 @@ class CpuUsage:
     processes: int
     source: str
     others_cores: float | None = None
+    encoder_s: float | None = None
 
     def per_message_ms(self, messages: int) -> dict[str, float | None]:
         """CPU milliseconds per message (None where not measured or no messages)."""
         def ms(x: float | None) -> float | None:
             return round(x * 1000.0 / messages, 2) if x is not None and messages else None
-        return {"cpu_ms_per_msg": ms(self.server_s), "event_loop_cpu_ms_per_msg": ms(self.main_thread_s),
+        front = None if self.encoder_s is None else self.server_s - self.encoder_s
+        return {"cpu_ms_per_msg": ms(self.server_s), "front_end_cpu_ms_per_msg": ms(front),
+                "encoder_cpu_ms_per_msg": ms(self.encoder_s), "event_loop_cpu_ms_per_msg": ms(self.main_thread_s),
                 "client_cpu_ms_per_msg": ms(self.client_s),
                 "other_processes_cores": None if self.others_cores is None else round(self.others_cores, 2)}
 
@@ -83,7 +94,7 @@ class CpuMeter:
         self.pid = pid
         self.http = http
         self._start: dict[int, float] = {}
-        self._main0: float | None = None
+        self._main0: dict[int, float] = {}
         self._client0 = 0.0
         self._machine0: tuple[float | None, float] = (None, 0.0)
         self._metrics0: float | None = None
@@ -97,21 +108,26 @@ class CpuMeter:
             except psutil.Error as exc:
                 raise RuntimeError(f"--server-pid {pid}: {exc}") from None
 
-    def _snapshot(self) -> tuple[dict[int, float], float | None]:
+    def _snapshot(self) -> tuple[dict[int, float], dict[int, float], set[int]]:
+        """CPU seconds so far of each server process and of each front end's main thread, by pid,
+        and which pids are the encoder's."""
         import psutil
         times: dict[int, float] = {}
+        mains: dict[int, float] = {}
+        encoder: set[int] = set()
         for p in [self._proc, *self._proc.children(recursive=True)]:
             try:
                 t = p.cpu_times()
                 times[p.pid] = t.user + t.system
+                if p.pid != self.pid and any(m in p.cmdline() for m in ENCODER_MODULES):
+                    encoder.add(p.pid)
+                    continue
+                main = next((t.user_time + t.system_time for t in p.threads() if t.id == p.pid), None)
+                if main is not None:
+                    mains[p.pid] = main
             except psutil.Error:  # exited meanwhile
                 continue
-        main = None
-        try:
-            main = next((t.user_time + t.system_time for t in self._proc.threads() if t.id == self.pid), None)
-        except psutil.Error:
-            pass
-        return times, main
+        return times, mains, encoder
 
     async def _metrics_cpu(self) -> float | None:
         if self.http is None:
@@ -137,7 +153,7 @@ class CpuMeter:
         self._machine0 = (_machine_busy(), time.monotonic())
         self._client0 = own_cpu_s()
         if self.pid is not None:
-            self._start, self._main0 = self._snapshot()
+            self._start, self._main0, _ = self._snapshot()
         else:
             self._metrics0 = await self._metrics_cpu()
 
@@ -145,11 +161,13 @@ class CpuMeter:
         """The CPU used since :meth:`start`; None when it could not be read."""
         client = own_cpu_s() - self._client0
         if self.pid is not None:
-            end, main = self._snapshot()
+            end, mains, encoder = self._snapshot()
             server = sum(t - self._start.get(pid, 0.0) for pid, t in end.items())
-            main_s = main - self._main0 if main is not None and self._main0 is not None else None
-            return CpuUsage(server, main_s, client, len(end), f"psutil: pid {self.pid} and {len(end) - 1} children",
-                            self._others(server, client))
+            encoder_s = sum(end[pid] - self._start.get(pid, 0.0) for pid in encoder)
+            main_s = (sum(t - self._main0.get(pid, 0.0) for pid, t in mains.items())
+                      if self.pid in mains and self.pid in self._main0 else None)
+            return CpuUsage(server, main_s, client, len(end), f"psutil: pid {self.pid} and {len(end) - 1} children "
+                            f"({len(encoder)} of them the encoder's)", self._others(server, client), encoder_s)
         end_metrics = await self._metrics_cpu()
         if end_metrics is None or self._metrics0 is None:
             return None

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.loadtest.cpu import CpuMeter, CpuUsage, own_cpu_s
+from bot.loadtest.cpu import CpuMeter, own_cpu_s
 from bot.loadtest.openloop import OpenLoopConfig, OpenLoopResult, OpenSample, run_open_loop, validate_open
 from bot.loadtest.traffic import check_ready
 
@@ -76,6 +76,6 @@ async def run_generators(cfg: OpenLoopConfig, generators: int, progress: Any = N
         client_s += used_s
     result.samples.sort(key=lambda s: s.at_s)
     if cpu is not None:
-        result.cpu = CpuUsage(cpu.server_s, cpu.main_thread_s, client_s, cpu.processes,
-                              f"{cpu.source}; client: {generators} generator processes", cpu.others_cores)
+        result.cpu = replace(cpu, client_s=client_s,
+                             source=f"{cpu.source}; client: {generators} generator processes")
     return result

@@ -12,7 +12,21 @@ from bot.loadtest.openloop import OpenLoopResult, RampResult, passes
 __all__ = ["RAMP_COLUMNS", "format_open", "format_open_markdown", "format_ramp", "ramp_rows", "write_ramp_plot"]
 
 RAMP_COLUMNS = ("offered_rps", "sent_rps", "answered_rps", "p50_ms", "p95_ms", "p99_ms", "p99_9_ms", "max_ms",
-                "errors", "deferred", "late", "not_answers", "cpu_ms_per_msg", "event_loop_cpu_ms_per_msg")
+                "errors", "deferred", "late", "not_answers", "cpu_ms_per_msg", "front_end_cpu_ms_per_msg",
+                "event_loop_cpu_ms_per_msg")
+
+
+def _cpu_parts(s: dict) -> str:
+    """The server's CPU in parts where measured, e.g. ``, front ends 1.2 ms, event-loop threads 1.0 ms,
+    encoder's processes 0.3 ms``."""
+    parts = []
+    if s.get("encoder_cpu_ms_per_msg"):
+        parts.append(f"front ends {s['front_end_cpu_ms_per_msg']} ms")
+    if s.get("event_loop_cpu_ms_per_msg") is not None:
+        parts.append(f"event-loop threads {s['event_loop_cpu_ms_per_msg']} ms")
+    if s.get("encoder_cpu_ms_per_msg"):
+        parts.append(f"encoder's processes {s['encoder_cpu_ms_per_msg']} ms")
+    return "".join(f", {p}" for p in parts)
 
 
 def _cpu_line(s: dict) -> str:
@@ -21,8 +35,7 @@ def _cpu_line(s: dict) -> str:
     if s["cpu_ms_per_msg"] is None:
         return (f"  server CPU  not measured (give --server-pid or --start-server); load generator "
                 f"{s['client_cpu_ms_per_msg']} ms/msg{others}")
-    loop = f", event-loop thread {s['event_loop_cpu_ms_per_msg']} ms" if s["event_loop_cpu_ms_per_msg"] is not None else ""
-    return (f"  server CPU  {s['cpu_ms_per_msg']} ms per message{loop}  ({s['cpu_source']}); "
+    return (f"  server CPU  {s['cpu_ms_per_msg']} ms per message{_cpu_parts(s)}  ({s['cpu_source']}); "
             f"load generator {s['client_cpu_ms_per_msg']} ms/msg{others}")
 
 
@@ -57,7 +70,7 @@ def format_open_markdown(result: OpenLoopResult) -> str:
             ("deferred / late / not a real answer", f"{s['deferred']} / {s['late']} / {s['not_answers']}"),
             ("errors", s["errors"] if not s["errors"] else f"{s['errors']} {s['errors_by_kind']}"),
             ("server CPU per message", "not measured" if s["cpu_ms_per_msg"] is None else
-             f"{s['cpu_ms_per_msg']} ms (event-loop thread {s['event_loop_cpu_ms_per_msg']} ms)"),
+             f"{s['cpu_ms_per_msg']} ms{_cpu_parts(s)}"),
             ("load generator CPU per message", f"{s['client_cpu_ms_per_msg']} ms"),
             ("other processes during the run", "not measured" if s.get("other_processes_cores") is None else
              f"{s['other_processes_cores']} cores busy")]

@@ -140,8 +140,8 @@ class OpenLoopResult:
             "send_lag_p99_ms": percentile_ms([s.lag_s for s in ms], 99), "max_in_flight": self.max_in_flight,
         }
         out.update(self.cpu.per_message_ms(len(self.samples)) if self.cpu else
-                   {"cpu_ms_per_msg": None, "event_loop_cpu_ms_per_msg": None, "client_cpu_ms_per_msg": None,
-                    "other_processes_cores": None})
+                   {"cpu_ms_per_msg": None, "front_end_cpu_ms_per_msg": None, "encoder_cpu_ms_per_msg": None,
+                    "event_loop_cpu_ms_per_msg": None, "client_cpu_ms_per_msg": None, "other_processes_cores": None})
         out["cpu_source"] = self.cpu.source if self.cpu else "not measured"
         return out
 
