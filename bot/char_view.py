@@ -121,7 +121,8 @@ def fit_char_view(texts: list[str], y: np.ndarray, topics: int, seed: int = 0) -
     kept = sorted(g for g, n in df.items() if n >= MIN_DF)
     vocabulary = {g: i for i, g in enumerate(kept)}
     idf = np.asarray([math.log((1 + len(texts)) / (1 + df[g])) + 1.0 for g in kept], dtype=np.float32)
-    model = SGDClassifier(loss="log_loss", alpha=ALPHA, max_iter=EPOCHS, tol=None, random_state=seed)
+    # one binary problem a topic, on every core (threads; the seeds are drawn up front: the same model)
+    model = SGDClassifier(loss="log_loss", alpha=ALPHA, max_iter=EPOCHS, tol=None, random_state=seed, n_jobs=-1)
     model.fit(_matrix(texts, vocabulary, idf), y)
     if len(model.classes_) != topics:
         raise ValueError(f"{topics - len(model.classes_)} topics have no training line")
