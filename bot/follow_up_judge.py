@@ -43,7 +43,8 @@ from bot.follow_up import (POPULATION_FACETS, FollowUp, FollowUpPlan, cue_length
                            new_subject_of, read_cue, read_follow_up, refers_back)
 from bot.knowledge import Topic
 from bot.logs import logged_step
-from bot.retrieval import Retriever, SearchResult
+from bot.retrieval import Retriever
+from bot.search_cache import SearchResult
 from bot.topic_prior import PRIOR_VERSION
 from inference.batcher import BusyError, DeadlineExceeded
 from inference.engines.base import EngineError

@@ -23,7 +23,6 @@ import hashlib
 import os
 import math
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ from bot.embedding import TextEncoder, embed_all
 from bot.knowledge import LANGS, KnowledgeBase
 from bot.lexical import BM25, TopicTerms, tokenize, topic_terms
 from bot.logs import logged_step
-from bot.search_cache import SearchCache
+from bot.search_cache import Match, SearchCache, SearchResult
 from bot.terms import canonical_terms
 from bot.topic_scope import TopicScope
 from inference.lru import LRUCache
@@ -57,67 +56,6 @@ INTENT_EXAMPLES = Path(__file__).parent / "intent_examples.yaml"
 OFF_TOPIC_MARGIN = {"out_of_scope": 0.0, "no_answer": 0.0}
 #: Logistic calibration of the confidence: (scale, centre) for the hybrid score, weight of the margin.
 CALIBRATION = {"scale": 40.0, "centre": 0.90, "margin_weight": 1.0}
-
-
-@dataclass(frozen=True)
-class Match:
-    """One retrieved topic.
-
-    Attributes:
-        topic_id: knowledge-base topic id.
-        score: hybrid score (dense cosine plus saturated BM25 bonus).
-        dense: mean of the DENSE_TOP_K best cosines to the topic's example questions.
-        lexical: raw BM25 score (>= 0).
-        confidence: calibrated probability-like confidence in [0, 1].
-    """
-
-    topic_id: str
-    score: float
-    dense: float
-    lexical: float
-    confidence: float
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """Top topics and the decision of the nearest-neighbour intent check.
-
-    Attributes:
-        matches: the top-k topics, best first.
-        off_topic: "out_of_scope" or "no_answer" when a labelled example of that
-            kind is nearer than the best topic by the kind's margin, else None.
-        nearest: best cosine to the examples of each non-answer kind.
-        vector: float32[D], the embedding of the question alone (no context), which the
-            decision head (bot/classifier.py) reads: one encoder call serves both.
-        context_vector: float32[D] of ``context + question`` for a follow-up, else None.
-        fit_features: float32[N_SCORES + D] of the best topic (:func:`fit_features`), which
-            the topic-fit verifier (bot/topic_fit.py) reads.
-        scores: float32[topics], the hybrid score of every topic (in ``Retriever.topic_ids`` order;
-            :meth:`score_of`), so a caller can tell how far the best topic is ahead of another one.
-        contested: the topic prior (bot/topic_prior.py) put first a topic that the hybrid score
-            alone ranks lower: the two rankers disagree, and the policy asks more of the verifier.
-        prior_terms: float32[2], the topic prior's :meth:`~bot.topic_prior.TopicPrior.terms` of the best
-            topic, read by the verifier beside ``fit_features``; None while no prior is set.
-    """
-
-    matches: list[Match]
-    off_topic: str | None
-    nearest: dict[str, float]
-    vector: np.ndarray | None = None
-    context_vector: np.ndarray | None = None
-    fit_features: np.ndarray | None = None
-    scores: np.ndarray | None = None
-    contested: bool = False
-    prior_terms: np.ndarray | None = None
-    topic_index: dict[str, int] | None = None
-
-    def score_of(self, topic_id: str) -> float:
-        """The hybrid score of topic ``topic_id``.
-
-        Raises:
-            KeyError: no such topic.
-        """
-        return float(self.scores[self.topic_index[topic_id]])
 
 
 #: A title word that at most this many topics use in their titles and example questions
