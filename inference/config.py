@@ -89,7 +89,9 @@ class InferenceConfig:
     :class:`inference.encoder.CachedEncoder`; emptied when the serving model
     changes); 0 turns it off. 4096 vectors of 384 floats take about 6 MiB. The retriever
     keeps as many search results of repeated questions (bot/search_cache.py; each holds two
-    384-float vectors: about 16 MiB more at 4096), off with it.
+    384-float vectors: about 16 MiB more at 4096) and per-topic scores of as many texts (about
+    16 MiB), and the decision head and the topic-fit verifier as many of their outputs, keyed by
+    their inputs' bytes (about 15 MiB): about 50 MiB a process in all at 4096, off with it.
 
     ``reload_interval_s``: how often a serving process checks ``engines_dir/manifest.json`` for
     a new model version and, when it changed, loads, checks and swaps it in without a restart
