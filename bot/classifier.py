@@ -264,12 +264,8 @@ class DecisionHead:
     def probabilities(self, vector: np.ndarray) -> dict[str, float]:
         """``{label: probability}`` (sums to 1, a new dict the caller may change) for one float32[D]
         L2-normalized query embedding."""
-        key = vector.tobytes()
-        if (kept := self.seen.get(key)) is None:
-            p = _softmax(self.network.logits(vector) / self.temperature)
-            kept = dict(zip(LABELS, p.tolist()))
-            self.seen.put(key, kept)
-        return dict(kept)
+        return dict(self.seen.get_or_put(vector.tobytes(), lambda: dict(zip(
+            LABELS, _softmax(self.network.logits(vector) / self.temperature).tolist()))))
 
     @classmethod
     async def build(cls, kb: KnowledgeBase, encoder, cache_dir: Path | None = None, model_digest: str = "",

@@ -36,7 +36,6 @@ from bot.logs import logged_step
 from bot.search_cache import Match, SearchCache, SearchResult
 from bot.terms import canonical_terms
 from bot.topic_scope import TopicScope
-from inference.lru import LRUCache
 
 log = structlog.get_logger("healthbot.retrieval")
 
@@ -127,10 +126,10 @@ class Retriever:
         self.follow_judge = None
         #: results of repeated questions (bot/search_cache.py), as many as the embedding cache holds
         self.results: SearchCache[SearchResult] = SearchCache(getattr(getattr(encoder, "cache", None), "size", 0))
-        #: per-topic scores (:meth:`_score`, read-only arrays) of texts searched before, by the text: a follow-up
-        #: searched with its context ("title text") scores the text alone again; as many as the results (about
-        #: 4 KiB each)
-        self.scores: LRUCache[tuple[np.ndarray, ...]] = LRUCache(self.results.size)  # by (text, mode)
+        #: per-topic scores (:meth:`_score`, read-only arrays) of texts searched before, by (text, mode): a
+        #: follow-up searched with its context ("title text") scores the text alone again; as many as the
+        #: results (about 4 KiB each)
+        self.scores: SearchCache[tuple[np.ndarray, ...]] = SearchCache(self.results.size)
         # rows of each topic, padded with -1 into int64[topics, most examples] for top-k
         counts = np.bincount(owners, minlength=len(self.topic_ids))
         self._rows = np.full((len(self.topic_ids), int(counts.max())), -1, dtype=np.int64)
@@ -356,20 +355,13 @@ class Retriever:
         return [text] if context is None else [f"{context} {text}", text]
 
     def read(self, texts: list[str], qs: np.ndarray, k: int = 3,
-             scores: LRUCache[tuple[np.ndarray, ...]] | None = None) -> SearchResult:
+             scores: SearchCache[tuple[np.ndarray, ...]] | None = None) -> SearchResult:
         """:meth:`search` on :meth:`search_texts` ``texts`` already embedded as ``qs`` float32[len(texts), D]
         (training reads many at once, with nothing cached); ``scores``: each text's :meth:`_score` kept
         and reused by the text (``qs`` must then be what the encoder gives for ``texts``)."""
         terms = [tokenize(t) for t in texts]  # jieba once per text: BM25 and the coverage feature
-        parts = []
-        for text, q, ts in zip(texts, qs, terms):
-            if scores is None or (part := scores.get((text, self.mode))) is None:
-                part = self._score(q, ts)
-                if scores is not None:
-                    for a in part:
-                        a.setflags(write=False)
-                    scores.put((text, self.mode), part)
-            parts.append(part)
+        parts = [self._score(q, ts) if scores is None else scores.get_or_put((text, self.mode), lambda: self._score(q, ts))
+                 for text, q, ts in zip(texts, qs, terms)]
         hybrid, dense, best_single, lexical = (np.mean([p[j] for p in parts], axis=0) for j in range(4))
         # the prior's logits once a question vector: for the ranking and for the verifier's prior terms
         logits = None if self.prior is None else list(self.prior.logits(qs, texts[-1]))

@@ -17,7 +17,7 @@ as it is. Its arrays are made read-only, so no caller can change what the next o
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -92,11 +92,10 @@ class SearchCache(LRUCache[T]):
     """A bounded LRU of search results (:class:`~inference.lru.LRUCache`) whose arrays are read-only."""
 
     def put(self, key: Hashable, result: T) -> None:
-        """Keep ``result`` (a dataclass) for ``key``; its numpy arrays become read-only."""
+        """Keep ``result`` (a dataclass, or a tuple of arrays) for ``key``; its numpy arrays become read-only."""
         if not self.size:
             return
-        for f in fields(result):
-            value = getattr(result, f.name)
+        for value in (getattr(result, f.name) for f in fields(result)) if is_dataclass(result) else result:
             if isinstance(value, np.ndarray):
                 value.setflags(write=False)
         super().put(key, result)

@@ -178,11 +178,7 @@ class TopicFit:
         off until the next start after a reload changed the topics) reads the training pairs' mean."""
         terms = np.asarray(self.report["prior_terms_mean"], dtype=np.float32) if prior is None else prior
         x = np.concatenate([features, terms])
-        key = x.tobytes()
-        if (kept := self.seen.get(key)) is None:
-            kept = float(sigmoid(self.verifier.logits(x)[0] / self.temperature))
-            self.seen.put(key, kept)
-        return kept
+        return self.seen.get_or_put(x.tobytes(), lambda: float(sigmoid(self.verifier.logits(x)[0] / self.temperature)))
 
     @classmethod
     async def build(cls, retriever: Retriever, prior: TopicPrior, cache_dir: Path | None = None,

@@ -4,7 +4,7 @@ results of repeated questions (bot/search_cache.py) are both one."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -25,6 +25,14 @@ class LRUCache(Generic[V]):
         value = self._data.get(key)
         if value is not None:
             self._data.move_to_end(key)
+        return value
+
+    def get_or_put(self, key: Hashable, compute: Callable[[], V]) -> V:
+        """The value kept for ``key``, else ``compute()`` kept for it (a value of None is never kept)."""
+        if (value := self.get(key)) is None:
+            value = compute()
+            if value is not None:
+                self.put(key, value)
         return value
 
     def put(self, key: Hashable, value: V) -> None:

@@ -98,3 +98,14 @@ async def test_a_repeated_question_is_scored_once_per_retriever_behind_the_embed
     a, b = await plain.search("失眠怎么调理"), await plain.search("失眠怎么调理")
     assert a is not b and [m.topic_id for m in a.matches] == [m.topic_id for m in b.matches] and len(plain.results) == 0
     assert len(plain.scores) == 0
+
+
+def test_get_or_put_computes_a_missing_value_once_and_never_keeps_none():
+    from inference.lru import LRUCache
+
+    calls: list[str] = []
+    cache: LRUCache[str] = LRUCache(2)
+    assert cache.get_or_put("a", lambda: calls.append("a") or "A") == "A"
+    assert cache.get_or_put("a", lambda: calls.append("a") or "other") == "A" and calls == ["a"]
+    assert cache.get_or_put("b", lambda: None) is None and len(cache) == 1
+    assert LRUCache(0).get_or_put("a", lambda: "A") == "A"
