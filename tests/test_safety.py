@@ -175,6 +175,17 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("toddler swallowed a bit of lighter fluid", "poisoning.chemical_en"),
     ("she drank some e-liquid from my vape", "poisoning.chemical_en"),
     ("孩子喝了一口打火机油", "poisoning.chemical_zh"),
+    # blind two-turn set BF, after it was measured (2026-12-06): told as the second turn of a conversation,
+    # in other words than these
+    ("疼得不想做人了", "crisis.suicidal_zh"),
+    ("我谂住将啲安眠药一次过食晒", "crisis.suicidal_zh"),  # Cantonese: a plan to take them all at once
+    ("我打算把家里的药全部吃光", "crisis.suicidal_zh"),
+    ("耳边老有个声音叫我从楼上跳下去", "crisis.suicidal_zh"),
+    ("the voices keep telling me to jump", "crisis.suicidal_en"),
+    ("安眠药我偷偷攒了三十多粒 应该够了", "crisis.suicidal_zh"),
+    ("手臂上已经划了好多次了 停不下来", "crisis.cut_self_zh"),
+    ("一烦就拿刀片划 划到出血才停", "crisis.cut_self_zh"),
+    ("头痛得要裂开 一辈子都没这么痛过", "severe_headache.thunderclap_zh"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
@@ -193,7 +204,9 @@ def test_blind_batch_y_false_alarms_are_not_emergencies(text):
 
 @pytest.mark.parametrize("text", ["我老公把啤酒当水喝了", "他天天把可乐当水喝了", "切菜又划手了怎么办", "孩子玩刀划手了", "孩子额头起了个包 没吐 精神很好",
                                   "切菜的时候我自己划的 口子不深", "手上的口子是孩子自己玩刀划的", "纸划了一下就流血了",
-                                  "胳膊上划了一道口子 流了点血 怎么处理", "爬山被树枝把胳膊划了好几道 怎么消毒", "孩子胳膊划了个口子 怎么瞒着他奶奶别让她担心",
+                                  "胳膊上划了一道口子 流了点血 怎么处理", "爬山被树枝把胳膊划了好几道 怎么消毒",
+                                  "用美工刀划开快递箱的时候要小心吗", "止痛药吃多了会不会有依赖", "降压药吃多了会不会伤肾",
+                                  "闹钟的声音叫我起床就头疼", "药我存了二十片 出差够了吧", "出门旅游准备了一周的药 够了吗", "孩子胳膊划了个口子 怎么瞒着他奶奶别让她担心",
                                   "要是能一觉睡到天亮不醒就好了", "真想一觉睡到自然醒", "宝宝一直睡着不醒 要叫醒喂奶吗", "怕老人一睡不醒 晚上要注意什么",
                                   "i wish i could sleep through the night and not wake up at 3am", "my baby never wakes up at night, is that normal",
                                   "the windshield washer fluid is low, which one should i buy", "does vaping e-liquid harm your lungs",
