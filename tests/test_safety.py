@@ -185,6 +185,7 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("安眠药我偷偷攒了三十多粒 应该够了", "crisis.suicidal_zh"),
     ("手臂上已经划了好多次了 停不下来", "crisis.cut_self_zh"),
     ("一烦就拿刀片划 划到出血才停", "crisis.cut_self_zh"),
+    ("心里堵的时候用打火机烫过自己好几次", "crisis.cut_self_zh"),
     ("头痛得要裂开 一辈子都没这么痛过", "severe_headache.thunderclap_zh"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
