@@ -167,3 +167,6 @@ def test_supplements_are_not_named_medicines():
     assert not names_medicine("用刀片划了手臂") and not names_medicine("拍了照片给你看")  # a blade, a photo
     assert not names_medicine("要不要去医院拍个片 还是再等等") and not names_medicine("照张片看看骨头有没有事")  # an X-ray
     assert names_medicine("拍个片 顺便开点止痛片")
+    # not wanting medicine, said softly, while asking for other ways (blind batch RR, 2026-12-06): answered
+    assert not names_medicine("感冒了鼻塞流鼻涕 不太想吃药 有什么办法")
+    assert names_medicine("不太想吃降压药 有什么办法")  # a named medicine stays with the doctor

@@ -162,6 +162,7 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("睡过去就别醒了", "crisis.suicidal_zh"),
     ("希望明天早上别醒了", "crisis.suicidal_zh"),
     ("一直睡下去就好了 不用再醒", "crisis.suicidal_zh"),
+    ("有时候觉得就这么睡着了别再醒过来也不错", "crisis.suicidal_zh"),  # blind batch RR, other words
     ("i wish i could sleep and never wake up", "crisis.suicidal_en"),
     ("what else? honestly i would not mind if i never woke up", "crisis.suicidal_en"),
     ("hoping i just dont wake up tomorrow", "crisis.suicidal_en"),
