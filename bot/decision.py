@@ -55,6 +55,13 @@ class DecisionConfig:
 
     danger_full: float = 0.8
     crisis_full: float = 0.5
+    #: P(crisis) from which the head is taken as sure. Below it, in a conversation whose last topic was
+    #: just answered, the crisis reply (always whole and first) also carries what the user asked about
+    #: that topic (bot/follow_up.py :func:`after_crisis_reply`): the head reads frustration told as a
+    #: second turn as crisis ("还有呢 试了好多药都不管用" after an athlete's-foot answer: 0.82; on the
+    #: development follow-up sets 0.58-0.82), and such a user should not lose the answer. Real crises told
+    #: the same way read 0.64-1.0: they get the same complete crisis reply, whatever this value.
+    crisis_sure: float = 0.9
     danger_net: float = 0.12
     #: Danger below which a safety-netted message is answered when p(answer) among the labels other
     #: than emergency and crisis, p(answer) / (1 - danger), reaches ``answer``. Chosen on the

@@ -31,7 +31,8 @@ from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
 from bot.dedup import ExactlyOnce, MessageState, OnceCache, message_key
-from bot.follow_up import FollowUpPlan, ask_back_reply, follow_up_reply, more_reply, read_named_facet
+from bot.follow_up import (FollowUpPlan, after_crisis_reply, ask_back_reply, follow_up_reply, more_reply,
+                            read_named_facet)
 from bot.follow_up_judge import plan_follow_up
 from bot.handoff import HandoffManager
 from bot.intents import (BUSY_REPLY, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY,
@@ -327,6 +328,8 @@ class Dispatcher:
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"
                     else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', *self._contacts(lang))[1]}")
+            if d.kind == "crisis" and last is not None and probs["crisis"] < self.cfg.decision.crisis_sure:
+                body = f"{body.rstrip()}\n\n{after_crisis_reply(retriever.kb, last, norm.text, lang)}"  # frustration, maybe
             return out(body, Intent.EMERGENCY, handoff=True, engine=retriever.encoder.engine_name), {**notes, "kind": d.kind}
         if d.intent is Intent.HANDOFF:
             return await self._handoff(inbound, agents, out, lang, "head")

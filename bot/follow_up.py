@@ -295,6 +295,18 @@ def more_reply(topic: Topic, lang: str) -> str:
     return f"{head}\n{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}"
 
 
+def after_crisis_reply(kb: KnowledgeBase, topic: Topic, text: str, lang: str) -> str:
+    """What goes below a crisis reply the head was not sure of when ``topic`` was just answered
+    (bot/decision.py ``crisis_sure``): the facet of ``topic`` that ``text`` names, else what else can be
+    asked, after a line that ties it to the earlier question. Never instead of the crisis reply."""
+    named = read_named_facet(text)
+    body = (follow_up_reply(kb, topic, named.facet, lang, hint=True)[2] if named
+            else f"{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}")  # the main answer went out before
+    if lang == "zh":
+        return f"另外，关于你前面问的「{topic.title['zh']}」：\n{body}"
+    return f"And on what you asked about \u201c{topic.title['en']}\u201d earlier:\n{body}"
+
+
 def ask_back_reply(lang: str) -> str:
     """A follow-up with no topic in context: ask what the user means."""
     if lang == "zh":
