@@ -292,7 +292,12 @@ def more_reply(topic: Topic, lang: str) -> str:
         head = f"关于「{topic.title['zh']}」，上面是主要的建议。"
     else:
         head = f"That was the main advice on \u201c{topic.title['en']}\u201d."
-    return f"{head}\n{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}"
+    return f"{head}\n{_what_else(topic, lang)}"
+
+
+def _what_else(topic: Topic, lang: str) -> str:
+    """The facets ``topic`` has, as the user can ask for them, and its when-to-see-a-doctor line."""
+    return f"{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}"
 
 
 def after_crisis_reply(kb: KnowledgeBase, topic: Topic, text: str, lang: str) -> str:
@@ -301,7 +306,7 @@ def after_crisis_reply(kb: KnowledgeBase, topic: Topic, text: str, lang: str) ->
     asked, after a line that ties it to the earlier question. Never instead of the crisis reply."""
     named = read_named_facet(text)
     body = (follow_up_reply(kb, topic, named.facet, lang, hint=True)[2] if named
-            else f"{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}")  # the main answer went out before
+            else _what_else(topic, lang))  # the main answer went out before
     if lang == "zh":
         return f"另外，关于你前面问的「{topic.title['zh']}」：\n{body}"
     return f"And on what you asked about \u201c{topic.title['en']}\u201d earlier:\n{body}"
