@@ -39,7 +39,7 @@ from pathlib import Path
 
 from bot.dispatcher import Dispatcher
 from bot.evaluate import read_jsonl
-from bot.follow_up import SEE_DOCTOR
+from bot.follow_up import SEE_DOCTOR, has_facet
 from bot.knowledge import FACETS
 from bot.types import Inbound, Intent, MessageKind
 from safety.normalize import to_simplified
@@ -128,10 +128,6 @@ def _contains(reply_text: str, text: str) -> bool:
     return to_simplified(text[:PROBE_CHARS]) in to_simplified(reply_text)
 
 
-def _has(topic, facet: str) -> bool:
-    return facet in (SEE_DOCTOR, "more") or facet in topic.facets or facet in topic.facet_topics
-
-
 def _given(dispatcher: Dispatcher, topic, facet: str, lang: str, first: str, second) -> bool:
     if second.intent is not Intent.ANSWER:
         return False
@@ -168,7 +164,7 @@ async def evaluate_follow_ups(dispatcher: Dispatcher, rows: list[dict]) -> Follo
         lang = first.lang if first.lang in ("zh", "en") else row["lang"]
         given = topic is not None and _given(dispatcher, topic, row["facet"], lang, first.text, second)
         res.facet_given += given
-        if topic is not None and not _has(topic, row["facet"]):
+        if topic is not None and row["facet"] != "more" and not has_facet(topic, row["facet"]):
             res.missing += 1
             res.honest_missing += second.intent is Intent.NO_ANSWER and second.topic == topic.id
         elif on_topic:

@@ -68,12 +68,16 @@ class FollowUpPlan:
             in context ("老人洗要注意啥 我外公快九十了"): answered from that topic when the decision
             allows an answer.
         with_context: retrieval reads the message together with the topic in context.
+        cue: the facet cue of a message the judge did not read as a follow-up: answered from the topic
+            in context only when, read on its own, the message finds a topic about that facet in
+            general (:func:`asks_in_general`) and names no subject of its own.
     """
 
     ask_back: bool = False
     facet: FollowUp | None = None
     loose: FollowUp | None = None
     with_context: bool = False
+    cue: FollowUp | None = None
 
 
 def new_subject_of(retriever: Retriever, text: str, topic_id: str) -> str | None:
@@ -95,6 +99,7 @@ class _Rules:
     generic: frozenset[str]  # title words that name no subject (Retriever.new_subject)
     same: tuple[tuple[str, re.Pattern], ...]  # (population facet, its cue with a word tying it to the last answer)
     refers_back: dict[str, re.Pattern]  # script ("zh" for any non-Latin text, "en") -> words pointing back
+    facet_subjects: dict[str, frozenset[str]]  # facet -> topics whose subject is that facet in general
 
 
 @lru_cache(maxsize=1)
@@ -118,7 +123,8 @@ def _rules(path: Path = RULES_PATH) -> _Rules:
                       f"(?:{data['same'][lang].replace('{who}', '(?:' + data['loose'][name][lang] + ')')})"
                       for lang in ("zh", "en"))))
                       for name in data["loose_order"] if name in POPULATION_FACETS),
-                  refers_back={lang: re.compile(data["refers_back"][lang]) for lang in ("zh", "en")})
+                  refers_back={lang: re.compile(data["refers_back"][lang]) for lang in ("zh", "en")},
+                  facet_subjects={name: frozenset(ids) for name, ids in data["facet_subjects"].items()})
 
 
 def _length(text: str) -> int:
@@ -211,6 +217,19 @@ def read_named_facet(text: str) -> FollowUp | None:
     there's a red ring around his mouth"), so that its facet, not the same answer, goes out."""
     text = text.strip().lower()
     return next((FollowUp(name) for name, pattern in _rules().loose if pattern.search(text)), None)
+
+
+def asks_in_general(facet: str | None, topic_id: str) -> bool:
+    """True when ``topic_id`` is about ``facet`` in general (the rules' ``facet_subjects``: exercise for
+    ``activity``, a balanced diet for ``diet``): a message with that facet's cue that finds it on its own
+    ("would exercise help?") asks, after another topic's answer, for that topic's facet."""
+    return facet is not None and topic_id in _rules().facet_subjects.get(facet, ())
+
+
+def has_facet(topic: Topic, facet: str) -> bool:
+    """Whether ``topic`` answers ``facet`` (a FACETS name or ``see_doctor``): its own text, or another
+    topic all about it (``facet_topics``)."""
+    return facet == SEE_DOCTOR or facet in topic.facets or facet in topic.facet_topics
 
 
 def without_cues(text: str) -> str:

@@ -67,6 +67,13 @@ JUDGE_VERSION = "2"
 #: P(follows) from which a message with a cue is answered from the topic in context; chosen on
 #: follow-up sets 1-5 and the standalone-question guard (bot/follow_up_data/README.md).
 FOLLOW_PROBABILITY = 0.4
+#: P(follows) from which a message with a cue that the judge put below :data:`FOLLOW_PROBABILITY` is
+#: still answered from the topic in context when, read on its own, it finds a topic about that facet in
+#: general ("would exercise help?" after restless legs finds the exercise topic; bot/follow_up.py
+#: ``asks_in_general``). Chosen on follow-up sets 1-9, switch sets 8-9 and the standalone-question guard
+#: (2026-12-06): facet text 448 -> 466 of 630 conversations, guard questions taken 41 -> 42 of 1,049; at
+#: 0.2, 452 and 41; with no floor, 467 and 56.
+GENERAL_FOLLOW_PROBABILITY = 0.1
 
 
 async def judge_features(retriever: Retriever, text: str, topic: Topic, lang: str, cue: tuple[FollowUp, bool]
@@ -170,7 +177,7 @@ class FollowJudge:
     report: dict
     #: whether a message followed the topic in context, by (message, topic id, language), for
     #: repeated messages; as many as the retriever's search cache holds (:meth:`build`), none by default
-    seen: LRUCache[bool] = field(default_factory=lambda: LRUCache(0), compare=False, repr=False)
+    seen: LRUCache[float] = field(default_factory=lambda: LRUCache(0), compare=False, repr=False)
 
     def probability(self, features: np.ndarray) -> float:
         """P(follows) in [0, 1] for one float32[F] :func:`judge_features` vector."""
@@ -254,12 +261,12 @@ async def plan_follow_up(text: str, last: Topic | None, lang: str, retriever: Re
     if judge is not None and (cue := read_cue(text)) is not None:
         if (follows := judge.seen.get(key := (text, last.id, lang))) is None:
             try:
-                features = await judge_features(retriever, text, last, lang, cue)
-            except (BusyError, DeadlineExceeded, EngineError):
-                features = None  # read on its own this time; not remembered
-            follows = features is not None and judge.probability(features) >= FOLLOW_PROBABILITY
-            if features is not None:
+                follows = judge.probability(await judge_features(retriever, text, last, lang, cue))
                 judge.seen.put(key, follows)
-        if follows:
+            except (BusyError, DeadlineExceeded, EngineError):
+                follows = 0.0  # read on its own this time; not remembered
+        if follows >= FOLLOW_PROBABILITY:
             return FollowUpPlan(loose=cue[0], with_context=True)
+        if follows >= GENERAL_FOLLOW_PROBABILITY:
+            return FollowUpPlan(with_context=is_follow_up(text), cue=cue[0])
     return FollowUpPlan(with_context=is_follow_up(text))

@@ -231,6 +231,32 @@ async def test_a_longer_question_of_its_own_is_not_taken_for_a_follow_up_of_the_
     assert reply.topic != "family.living_alone" and (reply.intent, reply.topic) == (alone.intent, alone.topic), reply
 
 
+@pytest.mark.parametrize("first, topic, second, facet", [
+    ("脚后跟早上下地第一步特别疼", "longterm.heel_pain", "有没有什么拉伸动作可以做", "activity"),
+    ("每天喝三杯咖啡 多不多", "nutri.coffee", "我还在喂奶 宝宝4个月 会不会影响", "pregnancy")])
+async def test_a_follow_up_that_reads_alone_as_the_facets_general_topic_gets_the_facet(dispatcher, first, topic,
+                                                                                        second, facet):
+    """Read on its own, the second turn finds the stretching or breastfeeding-diet topic, about the facet
+    in general (follow_up_rules.yaml ``facet_subjects``); after an answer it asks that facet of the topic
+    just answered, though the judge doubts it (bot/follow_up_judge.py ``GENERAL_FOLLOW_PROBABILITY``).
+    A question of its own about exercise at 75 keeps its own topic after a back-pain answer."""
+    user = f"general-{topic}"
+    assert (await dispatcher.handle(_msg(user, 1, first))).topic == topic
+    reply = await dispatcher.handle(_msg(user, 2, second))
+    assert reply.topic == topic and dispatcher.kb.topics[topic].facet_text(facet, "zh")[:20] in reply.text
+    assert (await dispatcher.handle(_msg("general-own", 1, "腰疼好几天了 久坐更疼"))).topic == "body.lower_back"
+    reply = await dispatcher.handle(_msg("general-own", 2, "我七十五了想锻炼锻炼身体适合做啥运动"))
+    assert reply.topic == "exercise.elderly"
+
+
+def test_the_facets_general_topics_exist():
+    from bot.follow_up import _rules
+    kb = load_knowledge_base()
+    subjects = _rules().facet_subjects
+    assert set(subjects) <= set(FACETS) and subjects["activity"]
+    assert all(t in kb.topics for ids in subjects.values() for t in ids)
+
+
 @pytest.mark.parametrize("name, floor", [("follow_ups.jsonl", 0.80), ("follow_ups_2.jsonl", 0.70)])
 async def test_the_follow_up_conversation_sets_get_the_facet_and_never_the_same_answer(dispatcher, name, floor):
     """Two-turn conversations written blind from the catalogue (evals/README.md): the second turn
