@@ -217,7 +217,7 @@ class FollowJudge:
             ValueError: a bad training line; inference errors from embedding the pairs.
         """
         pairs = await asyncio.to_thread(training_pairs, retriever.kb.topics)
-        digest = hashlib.sha256(json.dumps([retriever.kb.digest, pairs], ensure_ascii=False).encode()).hexdigest()
+        digest = hashlib.sha256(json.dumps([retriever.kb.index_digest, pairs], ensure_ascii=False).encode()).hexdigest()
         # the features read retrieval's ranking, and so the topic prior (bot/topic_prior.py)
         prior = retriever.prior.report if retriever.prior is not None else None
         key = hashlib.sha256(f"{JUDGE_VERSION}/{model_digest}/{digest}/{C}/{FEATURES}/{PRIOR_VERSION}/{prior}"

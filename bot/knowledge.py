@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,10 +128,18 @@ class Topic:
 
 @dataclass(frozen=True)
 class KnowledgeBase:
-    """All topics, by id, plus a content hash (sha256 of the files) for caches."""
+    """All topics, by id, plus two content hashes.
+
+    Attributes:
+        digest: sha256 of the files: any edit changes it (a hot reload compares it, bot/reload.py).
+        index_digest: sha256 of what retrieval and the learned models read, in order: each topic's id,
+            title, example questions and main answer. The caches in engines/cache are keyed by it, so an
+            edit of facets, "when to see a doctor" or sources retrains nothing at the next start.
+    """
 
     topics: dict[str, Topic]
     digest: str
+    index_digest: str = ""
 
     def __len__(self) -> int:
         return len(self.topics)
@@ -280,7 +289,9 @@ def load_knowledge_base(kb_dir: Path = DEFAULT_KB_DIR) -> KnowledgeBase:
                  for name, ref in t.facet_topics.items() if ref not in topics or ref == t.id]
     if problems:
         raise KnowledgeBaseError(problems)
-    return KnowledgeBase(topics=topics, digest=h.hexdigest())
+    read = [[t.id, t.title, t.questions, t.answer] for t in topics.values()]
+    return KnowledgeBase(topics=topics, digest=h.hexdigest(), index_digest=hashlib.sha256(
+        json.dumps(read, ensure_ascii=False, sort_keys=True).encode()).hexdigest())
 
 
 def load_catalogue(path: Path = CATALOGUE_PATH) -> list[str]:

@@ -140,7 +140,7 @@ def topic_terms(kb: KnowledgeBase, cache_dir: Path | None = None) -> TopicTerms:
     for 248 topics on 2 cores), or read them from ``cache_dir`` (``kb-terms-<key>.json``, keyed by
     the base's digest, this module's source and jieba's version; a folder that cannot be written
     is skipped)."""
-    key = hashlib.sha256(f"{kb.digest}/{jieba.__version__}/".encode() + Path(__file__).read_bytes()).hexdigest()[:16]
+    key = hashlib.sha256(f"{kb.index_digest}/{jieba.__version__}/".encode() + Path(__file__).read_bytes()).hexdigest()[:16]
     cache = Path(cache_dir) / f"kb-terms-{key}.json" if cache_dir is not None else None
     if cache is not None and cache.is_file():
         jieba.initialize()  # the dictionary, loaded now rather than on the first question

@@ -207,7 +207,7 @@ class Retriever:
         for kind in kinds:
             texts += examples[kind]
         passages = [PASSAGE + t for t in cls.answer_texts(kb)]
-        key = hashlib.sha256((kb.digest + model_digest + INTENT_EXAMPLES.read_text(encoding="utf-8") + "/answers"
+        key = hashlib.sha256((kb.index_digest + model_digest + INTENT_EXAMPLES.read_text(encoding="utf-8") + "/answers"
                               ).encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"kb-vectors-{key}.npy" if cache_dir else None
         vectors = None

@@ -193,7 +193,7 @@ class TopicFit:
             inference errors from embedding the training lines.
         """
         rows = data_rows()
-        digest = hashlib.sha256(json.dumps([retriever.kb.digest, rows], ensure_ascii=False).encode()).hexdigest()
+        digest = hashlib.sha256(json.dumps([retriever.kb.index_digest, rows], ensure_ascii=False).encode()).hexdigest()
         # the verifier learns from the prior's out-of-fold logits: a new prior is a new verifier
         key = hashlib.sha256(f"{FIT_VERSION}/{model_digest}/{digest}/{HIDDEN}/{ALPHA}/{MEMBERS}/{TREE_WEIGHT}/{C}/{FOLDS}"
                              f"/{PRIOR_VERSION}".encode()).hexdigest()[:16]

@@ -197,7 +197,7 @@ class TopicPrior:
             ValueError: a topic with no training line; inference errors from embedding.
         """
         rows = prior_rows(retriever)
-        digest = hashlib.sha256(json.dumps([retriever.kb.digest, rows], ensure_ascii=False).encode()).hexdigest()
+        digest = hashlib.sha256(json.dumps([retriever.kb.index_digest, rows], ensure_ascii=False).encode()).hexdigest()
         key = hashlib.sha256(f"{PRIOR_VERSION}/{model_digest}/{digest}/{C}/{CHAR_SETTINGS}".encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"topic-prior-{key}.npz" if cache_dir else None
         if cache and cache.exists():

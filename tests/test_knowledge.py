@@ -101,3 +101,21 @@ def test_kb_check_command_exits_nonzero_with_the_problems(tmp_path):
                           env={"PATH": "/usr/bin:/bin"})
     assert good.returncode == 0, good.stdout + good.stderr
     assert "every catalogue topic covered" in good.stdout
+
+
+def test_the_models_cache_key_changes_with_what_they_read_not_with_facets_or_sources(tmp_path):
+    """engines/cache is keyed by ``index_digest`` (ids, titles, questions, answers): a clinician's edit
+    of a facet or a source retrains nothing at the next start; a new example question does."""
+    base = load_knowledge_base(_copy_base(tmp_path / "a"))
+    kb_dir = _copy_base(tmp_path / "b")
+    path = kb_dir / "sleep.yaml"
+    text = path.read_text(encoding="utf-8")
+    facet = base.topics["sleep.insomnia"].facets["diet"]["zh"]
+    assert facet[:20] in text
+    path.write_text(text.replace(facet[:20], facet[:20] + "。", 1), encoding="utf-8")
+    edited = load_knowledge_base(kb_dir)
+    assert edited.topics["sleep.insomnia"].facets["diet"]["zh"] != facet
+    assert edited.digest != base.digest and edited.index_digest == base.index_digest
+    question = base.topics["sleep.insomnia"].questions["zh"][0]
+    path.write_text(path.read_text(encoding="utf-8").replace(question, question + "呢", 1), encoding="utf-8")
+    assert load_knowledge_base(kb_dir).index_digest != base.index_digest
