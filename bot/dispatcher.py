@@ -32,7 +32,7 @@ from bot.config import Config
 from bot.decision import decide
 from bot.dedup import ExactlyOnce, MessageState, OnceCache, message_key
 from bot.follow_up import (FollowUpPlan, after_crisis_reply, ask_back_reply, asks_in_general, follow_up_reply, has_facet,
-                           more_reply, new_subject_of, read_named_facet)
+                           more_reply, new_subject_of, read_follow_up, read_named_facet)
 from bot.follow_up_judge import plan_follow_up
 from bot.handoff import HandoffManager
 from bot.intents import (BUSY_REPLY, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY,
@@ -42,7 +42,8 @@ from bot.knowledge import KnowledgeBase, Topic
 from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
 from bot.session import Session, Sessions
-from bot.suggestion import DECLINED, MAX_OFFERED, answer_to_offer, ask_again_reply, suggestion_reply
+from bot.suggestion import (DECLINED, MAX_OFFERED, answer_to_offer, ask_again_reply, choose_first_reply,
+                            suggestion_reply)
 from bot.store import MemoryStore, Store, StoreError
 from bot.store.health import store_unavailable
 from bot.topic_fit import TopicFit
@@ -255,6 +256,10 @@ class Dispatcher:
                 lang, script, variant = session.offer_form
                 norm = dataclasses.replace(norm, script=script, variant=variant)
             if 0 <= choice < len(offered):
+                if session.offer_facet is not None:  # "那饮食上呢" came while the offer stood: that facet of the choice
+                    facet, session.offer_facet, session.suggested = session.offer_facet, None, []
+                    self._save_session(inbound, state, session)
+                    return self._follow_up(inbound, state, session, offered[choice], facet, lang, out)
                 return self._send_topic(inbound, state, session, offered[choice], lang, out, {"decided_by": "suggestion"})
             if choice == DECLINED:  # a bare "不是" is no question: ask for one rather than read it as one
                 if offered:
@@ -275,7 +280,13 @@ class Dispatcher:
         masked = mask_pii(norm.text)
         plan = (await plan_follow_up(masked, last, lang, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
-        if plan.ask_back:  # a follow-up with nothing before it: ask, don't guess
+        if plan.ask_back:  # a follow-up with no topic answered before it: ask, don't guess
+            offered = [retriever.kb.topics[t] for t in session.suggested if t in retriever.kb.topics]
+            if offered and (asked := read_follow_up(masked)) is not None:  # ... but topics were just offered
+                session.offer_facet, session.offer_form = asked.facet, [lang, norm.script, norm.variant]
+                self._save_session(inbound, state, session)
+                return out(choose_first_reply(offered, asked.facet, lang), Intent.NO_ANSWER,
+                           suggested=tuple(session.suggested)), {"follow_up": "choose_offer"}
             return out(ask_back_reply(lang), Intent.NO_ANSWER), {"follow_up": "no_context"}
         if plan.facet is not None:  # "那饮食上呢": the topic in context answers, or says honestly it can't
             return self._follow_up(inbound, state, session, last, plan.facet.facet, lang, out)
@@ -354,6 +365,7 @@ class Dispatcher:
                                          if retriever.scope.uncovered(norm.text, m.topic_id) is None] if d.offer else []
             session.no_answer_streak += 1
             session.suggested, session.offer_form = offered, [lang, norm.script, norm.variant] if offered else []
+            session.offer_facet = None
             self._save_session(inbound, state, session)
             if offered:
                 return reply(suggestion_reply([retriever.kb.topics[t] for t in offered], lang), Intent.NO_ANSWER,
@@ -376,6 +388,7 @@ class Dispatcher:
         """``topic``'s answer, remembered as the topic in context. ``confidence``: P(fit), or 1.0
         where the user chose the topic (a yes to an offer)."""
         session.last_topic, session.last_facet, session.suggested, session.no_answer_streak = topic.id, None, [], 0
+        session.offer_facet = None
         self._save_session(inbound, state, session)
         return out(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=confidence), notes
 

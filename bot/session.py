@@ -27,6 +27,9 @@ class Session:
     suggested: list[str] = field(default_factory=list)
     #: the language, script and variant of that offer (safety.normalize): a choice such as "2" says none
     offer_form: list[str] = field(default_factory=list)
+    #: the facet asked for while that offer stood ("那饮食上呢" after "您是想了解下面哪一个？"): the topic
+    #: chosen next is answered with it (bot/dispatcher.py); None for its main answer
+    offer_facet: str | None = None
     no_answer_streak: int = 0
     updated: float = field(default_factory=time.time)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from bot.knowledge import Topic
+from bot.knowledge import FACETS, Topic
 
 RULES_PATH = Path(__file__).with_name("suggestion_rules.yaml")
 #: Most topics one offer lists.
@@ -83,3 +83,22 @@ def suggestion_reply(topics: list[Topic], lang: str) -> str:
     listed = "\n".join(f"{i}. {t.title['en']}" for i, t in enumerate(topics, 1))
     return (f"{lead} Did you mean one of these? Reply with its number:\n{listed}\n"
             "If none fits, please ask in other words, or ask a doctor.")
+
+
+def choose_first_reply(topics: list[Topic], facet: str | None, lang: str) -> str:
+    """A follow-up ("那饮食上呢", "what about exercise?") sent while ``topics`` stand offered: which topic
+    it follows is the user's to say. The offer again, and that ``facet`` (a FACETS name or
+    ``see_doctor``; None for "more") of the topic chosen comes next."""
+    what = {"zh": "何时就医", "en": "when to see a doctor"}[lang] if facet == "see_doctor" else (
+        FACETS[facet][lang] if facet in FACETS else "")
+    if lang == "zh":
+        aspect = f"「{what}」方面的建议" if what else "这方面的建议"
+        if len(topics) == 1:
+            return f"您是想了解「{topics[0].title['zh']}」吗？是的话，回复“是”，我把{aspect}发给您。"
+        listed = "\n".join(f"{i}. {t.title['zh']}" for i, t in enumerate(topics, 1))
+        return f"您问的是下面哪一个？请先回复数字，我再把{aspect}发给您：\n{listed}"
+    aspect = f"the advice on {what.lower()}" if what else "that advice"
+    if len(topics) == 1:
+        return f"Did you mean \u201c{topics[0].title['en']}\u201d? Reply \u201cyes\u201d and I'll send {aspect}."
+    listed = "\n".join(f"{i}. {t.title['en']}" for i, t in enumerate(topics, 1))
+    return f"Which of these are you asking about? Reply with its number and I'll send {aspect}:\n{listed}"

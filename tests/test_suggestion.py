@@ -158,3 +158,23 @@ async def test_a_number_sends_that_topic_of_the_list(offers_every_topic):
         assert f"{i}. {d.kb.topics[topic].title['zh']}" in offer.text
     second = await d.handle(_msg(user, "2"))
     assert second.intent is Intent.ANSWER and second.topic == offer.suggested[1]
+
+
+@pytest.mark.model
+@requires_model
+async def test_a_follow_up_while_topics_stand_offered_asks_which_then_sends_that_facet(offers_every_topic):
+    """"那饮食上呢" right after "您是想了解下面哪一个？": the bot saw the question, so it does not say it has
+    no earlier topic; it asks for the choice first, and the number chosen gets that topic's diet facet."""
+    d, user = offers_every_topic, f"sg-user-{next(_ids)}"
+    offer = await d.handle(_msg(user, "失眠怎么调理"))
+    assert len(offer.suggested) >= 2
+    ask = await d.handle(_msg(user, "那饮食上呢"))
+    assert ask.intent is Intent.NO_ANSWER and ask.suggested == offer.suggested
+    assert "「饮食」" in ask.text and "没有看到前面的话题" not in ask.text
+    assert f"1. {d.kb.topics[offer.suggested[0]].title['zh']}" in ask.text
+    chosen = await d.handle(_msg(user, "1"))
+    topic = d.kb.topics[offer.suggested[0]]
+    assert chosen.topic == topic.id
+    assert topic.facet_text("diet", "zh")[:20] in chosen.text and topic.answer["zh"][:20] not in chosen.text
+    again = await d.handle(_msg(f"{user}-b", "what about exercise?"))  # nothing offered, nothing answered
+    assert again.intent is Intent.NO_ANSWER and not again.suggested
