@@ -157,6 +157,20 @@ def read_follow_up(text: str) -> FollowUp | None:
     text = text.strip().lower()
     if not text or _length(text) > (MAX_WORDS if text.isascii() else MAX_CHARS):
         return None
+    if (whole := _read_one(text)) is not None or text.isascii():
+        return whole
+    # "要去医院看吗 挂什么科": Chinese parts, each asking for the same facet on its own
+    parts = [p for p in _PARTS.split(text) if p]
+    read = {_read_one(p) for p in parts}
+    return read.pop() if len(parts) > 1 and len(read) == 1 and None not in read else None
+
+
+#: Where a Chinese message splits into parts that may each be a follow-up: punctuation, and after a
+#: sentence-final particle (normalizing drops the space of "要去医院吗 看哪个科").
+_PARTS = re.compile(r"[\s，,。？?！!~～]+|(?<=[吗呢嘛啊呀吧])")
+
+
+def _read_one(text: str) -> FollowUp | None:
     rest, led = _remainder(text)
     rules = _rules()
     if not rest:

@@ -25,6 +25,8 @@ from bot.types import Inbound, Intent, MessageKind
     ("can pregnant women do it?", "pregnancy"), ("is this ok during pregnancy?", "pregnancy"),
     ("why does this happen?", "causes"), ("when should I see a doctor?", "see_doctor"),
     ("還有呢", None), ("还有什么", None), ("anything else?", None), ("tell me more", None),
+    ("要去医院吗 看哪个科", "see_doctor"), ("严重吗？要去医院吗", "see_doctor"),  # parts asking the same
+    ("还有呢 还有啥", None),
 ])
 def test_a_short_follow_up_reads_as_the_facet_it_asks_for(text, facet):
     from safety.normalize import normalize
@@ -33,7 +35,8 @@ def test_a_short_follow_up_reads_as_the_facet_it_asks_for(text, facet):
 
 
 @pytest.mark.parametrize("text", ["老人便秘怎么办", "孩子发烧38度5怎么办", "失眠怎么调理", "那如果是晚上睡不着怎么办",
-                                  "what about napping?", "hello", "谢谢", "my kid has a rash on his arms"])
+                                  "what about napping?", "hello", "谢谢", "my kid has a rash on his arms",
+                                  "老人呢 孩子呢", "吃什么好 运动呢"])  # parts asking different facets
 def test_a_question_of_its_own_is_not_a_facet_follow_up(text):
     assert read_follow_up(text.lower()) is None
 
