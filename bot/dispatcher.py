@@ -69,6 +69,11 @@ HEALTH_INTENTS = frozenset({Intent.ANSWER, Intent.EMERGENCY, Intent.REFER_DOCTOR
 RATE_LIMITED_CHANNELS = frozenset({"wechat", "telegram", "http"})
 
 
+def _offered(kb: KnowledgeBase, session: Session) -> list[Topic]:
+    """The topics the user's last reply offered ("您是想了解下面哪一个？"), best first; those no longer in ``kb`` left out."""
+    return [kb.topics[t] for t in session.suggested if t in kb.topics]
+
+
 class Dispatcher:
     """Decides and composes the reply to each message, exactly once per message.
 
@@ -251,7 +256,7 @@ class Dispatcher:
         session = self.sessions.parse(self._read(state, "session_get",
                                                  self.sessions.key(inbound.channel, inbound.user_id)))
         if (choice := answer_to_offer(norm.text)) is not None:  # "是", "2", "不是" to the topics last offered
-            offered = [self.kb.topics[t] for t in session.suggested if t in self.kb.topics]
+            offered = _offered(self.kb, session)
             if len(session.offer_form) == 3:  # the reply follows the last offer's language and script
                 lang, script, variant = session.offer_form
                 norm = dataclasses.replace(norm, script=script, variant=variant)
@@ -281,7 +286,7 @@ class Dispatcher:
         plan = (await plan_follow_up(masked, last, lang, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
         if plan.ask_back:  # a follow-up with no topic answered before it: ask, don't guess
-            offered = [retriever.kb.topics[t] for t in session.suggested if t in retriever.kb.topics]
+            offered = _offered(retriever.kb, session)
             if offered and (asked := read_follow_up(masked)) is not None:  # ... but topics were just offered
                 session.offer_facet, session.offer_form = asked.facet, [lang, norm.script, norm.variant]
                 self._save_session(inbound, state, session)

@@ -139,7 +139,7 @@ class KnowledgeBase:
 
     topics: dict[str, Topic]
     digest: str
-    index_digest: str = ""
+    index_digest: str
 
     def __len__(self) -> int:
         return len(self.topics)

@@ -74,14 +74,12 @@ def suggestion_reply(topics: list[Topic], lang: str) -> str:
         if len(topics) == 1:
             return (f"{lead}您是想了解「{topics[0].title['zh']}」吗？"
                     "是的话，回复“是”，我把这方面的建议发给您；不是的话，请换个说法再问，或咨询医生。")
-        listed = "\n".join(f"{i}. {t.title['zh']}" for i, t in enumerate(topics, 1))
-        return f"{lead}您是想了解下面哪一个？请回复数字：\n{listed}\n都不是的话，请换个说法再问，或咨询医生。"
+        return f"{lead}您是想了解下面哪一个？请回复数字：\n{_numbered(topics, 'zh')}\n都不是的话，请换个说法再问，或咨询医生。"
     lead = "I'm not sure I can answer that reliably, and I don't want to mislead you."
     if len(topics) == 1:
         return (f"{lead} Did you mean \u201c{topics[0].title['en']}\u201d? Reply \u201cyes\u201d and I'll send "
                 "that advice; if not, please ask in other words, or ask a doctor.")
-    listed = "\n".join(f"{i}. {t.title['en']}" for i, t in enumerate(topics, 1))
-    return (f"{lead} Did you mean one of these? Reply with its number:\n{listed}\n"
+    return (f"{lead} Did you mean one of these? Reply with its number:\n{_numbered(topics, 'en')}\n"
             "If none fits, please ask in other words, or ask a doctor.")
 
 
@@ -95,10 +93,13 @@ def choose_first_reply(topics: list[Topic], facet: str | None, lang: str) -> str
         aspect = f"「{what}」方面的建议" if what else "这方面的建议"
         if len(topics) == 1:
             return f"您是想了解「{topics[0].title['zh']}」吗？是的话，回复“是”，我把{aspect}发给您。"
-        listed = "\n".join(f"{i}. {t.title['zh']}" for i, t in enumerate(topics, 1))
-        return f"您问的是下面哪一个？请先回复数字，我再把{aspect}发给您：\n{listed}"
+        return f"您问的是下面哪一个？请先回复数字，我再把{aspect}发给您：\n{_numbered(topics, 'zh')}"
     aspect = f"the advice on {what.lower()}" if what else "that advice"
     if len(topics) == 1:
         return f"Did you mean \u201c{topics[0].title['en']}\u201d? Reply \u201cyes\u201d and I'll send {aspect}."
-    listed = "\n".join(f"{i}. {t.title['en']}" for i, t in enumerate(topics, 1))
-    return f"Which of these are you asking about? Reply with its number and I'll send {aspect}:\n{listed}"
+    return f"Which of these are you asking about? Reply with its number and I'll send {aspect}:\n{_numbered(topics, 'en')}"
+
+
+def _numbered(topics: list[Topic], lang: str) -> str:
+    """The titles of ``topics`` in ``lang``, one a line, numbered from 1 as the user chooses them."""
+    return "\n".join(f"{i}. {t.title[lang]}" for i, t in enumerate(topics, 1))
