@@ -23,8 +23,8 @@ are on the GPU machine, and at most 64 MiB travel:
 ``python tools/e2e_bench.py run --out DIR [--layouts gpu,cpu,gpu-redis,cpu-redis] [--seconds 15]``
     on the GPU machine, from the repository root, with ``PYTHONPATH=.e2e/site:.`` after the
     wheels are installed there (the command line in docs/loadtest.md). Materializes ``engines/``
-    from the carry (tools/gpu_bench.py), starts one ``serve`` to derive and cache the knowledge
-    base's vectors and the two learned judges, then per layout starts ``serve --processes N``
+    from the carry (tools/gpu_bench.py), starts one ``serve`` per encoder to derive and cache
+    the knowledge base's vectors and the learned models, then per layout starts ``serve --processes N``
     (store shared by the processes: the SQLite file, or for ``*-redis`` a fresh carried
     ``redis-server`` on loopback, skipped if it does not start), sends open-loop steps at rising
     rates from several generator processes, and writes ``e2e.json`` (each layout's store) and
@@ -230,8 +230,25 @@ def _profile(master: int, out: Path, label: str, seconds: float) -> list[subproc
 START_S = 6.0
 
 
+def _first_starts(layouts: list[str], base: dict[str, str], out: Path, log: Log) -> None:
+    """One single-process ``serve`` per encoder the layouts use, one after the other: each derives
+    and caches the knowledge base's vectors and the learned models for its encoder (on an H100
+    host 204 s for the GPU's, 259 s for ONNX Runtime's; started together, neither was ready after
+    480 s), which every front-end process then loads."""
+    engines = dict.fromkeys(LAYOUTS[label][0].get("HEALTHBOT_INFERENCE_ENGINE_ORDER", "default") for label in layouts)
+    for i, engine in enumerate(engines):
+        env_over = {"HEALTHBOT_INFERENCE_ENGINE_ORDER": engine} if engine != "default" else {}
+        port, started = 18800 + i, time.monotonic()
+        proc = _serve(dict(base, HEALTHBOT_DATA_DIR=tempfile.mkdtemp(), **env_over), port, 1,
+                      out / f"serve-first-{engine}.log")
+        ok = _ready(port, 420, proc)
+        log(f"first start of the {engine} encoder (derives and caches the knowledge base's vectors and the "
+            f"learned models): ready={ok} after {time.monotonic() - started:.0f} s; exit {_stop(proc)}")
+
+
 def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmup: float, generators: int,
-        processes: int | None, device: str, profile_rate: float | None = None) -> None:
+        processes: int | None, device: str, profile_rate: float | None = None,
+        cpu_rates: list[float] | None = None) -> None:
     from redis.exceptions import RedisError
 
     from tools.e2e_redis import RedisServer, step_figures
@@ -247,7 +264,7 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
                 HEALTHBOT_INFERENCE_ENGINES_DIR=str(engines), HEALTHBOT_ADMISSION_MAX_CONNECTIONS_PER_ADDRESS="0")
     results: dict = {"cores": os.cpu_count(), "layouts": {}}
     port = 18931
-    warmed: set[str] = set()
+    _first_starts(layouts, base, out, log)
     for label in layouts:
         env_over, n, store = LAYOUTS[label]
         n = processes or n
@@ -262,15 +279,6 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
         env = dict(base, HEALTHBOT_DATA_DIR=data_dir, **env_over)
         if redis:
             env["HEALTHBOT_STORE_URL"] = redis.url
-        engine = env_over.get("HEALTHBOT_INFERENCE_ENGINE_ORDER", "default")
-        if engine not in warmed:  # one process derives and caches what every front-end process then loads
-            warmed.add(engine)
-            port += 1
-            warm = _serve(env, port, 1, out / f"serve-warm-{label}.log")
-            started = time.monotonic()
-            ok = _ready(port, 420, warm)
-            log(f"{label}: first start (derives and caches the knowledge base's vectors and both judges for this "
-                f"engine): ready={ok} after {time.monotonic() - started:.0f} s; exit {_stop(warm)}")
         if redis:
             try:
                 redis.client.flushall()  # the measured server starts on an empty store
@@ -290,7 +298,7 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
         log(f"{label}: {n} front-end processes ready in {time.monotonic() - started:.0f} s; {env_over}; {store} "
             f"store {store_url}" + (f" ({redis.binary})" if redis else ""))
         steps = []
-        for rate in rates:
+        for rate in (cpu_rates or rates) if label.startswith("cpu") else rates:
             gpu = _gpu_sampler(out, f"{label}-{rate:g}")
             cmd = [sys.executable, "-m", "bot.cli", "--log-level", "WARNING", "loadtest", "--url",
                    f"http://127.0.0.1:{port}", "--rate", str(rate), "--seconds", str(seconds), "--warmup",
@@ -340,6 +348,7 @@ def main() -> None:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--layouts", default="gpu,cpu")
     r.add_argument("--rates", default="500,1000,2000,3000,4000,5000")
+    r.add_argument("--cpu-rates", help="the rates of the cpu* layouts (ONNX Runtime) when not --rates")
     r.add_argument("--seconds", type=float, default=15.0)
     r.add_argument("--warmup", type=float, default=3.0)
     r.add_argument("--generators", type=int, default=4)
@@ -351,7 +360,8 @@ def main() -> None:
         pack(a.engines_dir, a.out, a.wheels)
     else:
         run(a.out, a.layouts.split(","), [float(x) for x in a.rates.split(",")], a.seconds, a.warmup, a.generators,
-            a.processes, a.device, a.profile_rate)
+            a.processes, a.device, a.profile_rate,
+            [float(x) for x in a.cpu_rates.split(",")] if a.cpu_rates else None)
 
 
 if __name__ == "__main__":
