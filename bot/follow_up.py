@@ -354,9 +354,10 @@ def ask_back_reply(lang: str) -> str:
 
 
 def _menu(topic: Topic, lang: str) -> str:
-    """The facets ``topic`` has, worded as the user can ask for them (rules' ``menu``)."""
+    """The facets ``topic`` answers (its own text or another topic's, :func:`has_facet`), worded as
+    the user can ask for them (rules' ``menu``); "when to see a doctor" last."""
     menu = _rules().menu[lang]
-    asks = [menu[f] for f in FACETS if f in topic.facets] + [menu[SEE_DOCTOR]]
+    asks = [menu[f] for f in FACETS if has_facet(topic, f)] + [menu[SEE_DOCTOR]]
     if lang == "zh":
         return "还可以接着问：" + "、".join(f"「{a}」" for a in asks) + "。"
     return "You can also ask: " + ", ".join(f"\u201c{a}\u201d" for a in asks)

@@ -90,6 +90,15 @@ def test_every_facet_offered_in_a_reply_reads_back_as_that_facet():
         assert {read_follow_up(a.lower()).facet for a in offered} == {*FACETS, "see_doctor"}
 
 
+def test_the_menu_offers_a_facet_another_topic_answers():
+    """child.picky_eating's elders and pregnancy facets point to elder.nutrition and
+    women.pregnancy_diet (``see:``): asked for, they answer, so the menu offers them."""
+    topic = load_knowledge_base().topics["child.picky_eating"]
+    assert {"elders", "pregnancy"} <= set(topic.facet_topics) and "pregnancy" not in topic.facets
+    assert "「老人呢」" in more_reply(topic, "zh") and "「孕妇呢」" in more_reply(topic, "zh")
+    assert "\u201cwhat about pregnancy?\u201d" in more_reply(topic, "en")
+
+
 def test_facets_are_validated_and_may_point_to_another_topic(tmp_path):
     (tmp_path / "t.yaml").write_text("""category: t
 topics:
