@@ -108,7 +108,7 @@ class BM25:
         own topic as if it were not there (bot/topic_fit.py trains leave-one-out)."""
         tf, length = self.doc_tf[doc], self.doc_len[doc] - sum(minus.values())
         out = 0.0
-        for term in set(query_terms):
+        for term in dict.fromkeys(query_terms):  # in order (a set's changes per process)
             f = tf.get(term, 0) - minus.get(term, 0)
             if f > 0 and term in self.idf:
                 out += self._weight(term, f, max(length, 1))
@@ -117,7 +117,7 @@ class BM25:
     def scores(self, query_terms: list[str]) -> np.ndarray:
         """BM25 score of every document for the query terms, float64[documents] (0 where nothing matches)."""
         out = np.zeros(len(self.doc_tf))
-        for term in set(query_terms):
+        for term in dict.fromkeys(query_terms):  # in order (a set's order changes per process)
             posting = self.postings.get(term)
             if posting is not None:
                 out[posting[0]] += posting[1]

@@ -290,7 +290,8 @@ class Retriever:
             (1, 0, 0).
         """
         doc = self.bm25.doc_tf[topic]
-        weights = {t: self.bm25.idf.get(t, self._top_idf) for t in set(terms)}
+        # in order (a set's changes per process): the same sums, to the last bit, in every process
+        weights = {t: self.bm25.idf.get(t, self._top_idf) for t in dict.fromkeys(terms)}
         total = sum(weights.values())
         if not total:
             return 1.0, 0.0, 0.0

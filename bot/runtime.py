@@ -19,6 +19,7 @@ from bot.follow_up_judge import FollowJudge
 from bot.topic_fit import TopicFit
 from bot.topic_prior import TopicPrior
 from bot.config import Config
+from bot.embedding import SCHEME as EMBEDDING_SCHEME
 from bot.dispatcher import Dispatcher
 from bot.handoff import HandoffManager
 from bot.knowledge import KnowledgeBase, load_knowledge_base
@@ -52,10 +53,11 @@ async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[
     """What is computed from the model for ``kb``: the retriever (the examples' vectors) with its
     topic prior (bot/topic_prior.py) and follow-up judge (bot/follow_up_judge.py), the decision
     head and the topic-fit verifier, each cached in engines/cache under ``digest``
-    (:func:`model_digest`) plus ``encoder.variant`` and its
+    (:func:`model_digest`) plus ``encoder.variant``, how texts are embedded
+    (:data:`bot.embedding.SCHEME`) and its
     data's digest: seconds when cached, four to seven minutes on 2 CPU cores when not (376 and
     415 s on two clean clones, 2026-12-05)."""
-    cache, key = cfg.engines_path / "cache", digest + encoder.variant
+    cache, key = cfg.engines_path / "cache", f"{digest}{encoder.variant}/{EMBEDDING_SCHEME}"
     # indexing the topics (scopes, BM25) takes seconds to tens of seconds at every start
     with logged_step(log, "retrieval_index", topics=len(kb)):
         retriever = await Retriever.build(kb, encoder, cache_dir=cache, model_digest=key)

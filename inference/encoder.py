@@ -19,8 +19,8 @@ wait for that one computation instead of queueing their own. The text is the key
 given (callers pass it normalized: bot/retrieval.py encodes the canonical form), and
 the cache is emptied when the model serving changes (a hot swap, a fallback to the
 CPU engine, its return), since their vectors differ slightly. Calls of more than
-:data:`CACHED_CALL_TEXTS` texts (the knowledge base embedded at start-up or on a
-reload) bypass it, so they do not evict the questions users ask.
+:data:`CACHED_CALL_TEXTS` texts bypass it, so they do not evict the questions users ask; the
+project's own texts (start-up, a reload) go to the inner encoder, one a call (bot/embedding.py).
 """
 
 from __future__ import annotations
@@ -164,8 +164,8 @@ class Encoder:
         await self.pool.close()
 
 
-#: Calls with more texts than this bypass the embedding cache (bulk embedding of the
-#: knowledge base); a message's call has one text, or two with a follow-up's context.
+#: Calls with more texts than this bypass the embedding cache (a bulk caller's; the
+#: knowledge base bypasses it whole); a message's call has one text, or two with a follow-up's context.
 CACHED_CALL_TEXTS = 4
 
 

@@ -9,7 +9,7 @@ import pytest
 import structlog
 
 from bot.knowledge import load_knowledge_base
-from bot.embedding import EMBED_CHUNK
+from bot.embedding import embed_all
 from bot.retrieval import Retriever
 from inference.batcher import DeadlineExceeded
 
@@ -36,40 +36,41 @@ def vector(text: str) -> np.ndarray:
     return (v / np.linalg.norm(v)).astype(np.float32)
 
 
-async def test_a_slow_start_halves_the_chunks_and_embeds_every_question():
+async def test_the_knowledge_base_is_embedded_one_text_a_call():
     kb = load_knowledge_base()
-    slow = SlowEncoder(fits=EMBED_CHUNK // 4)
+    slow = SlowEncoder(fits=1)
     with structlog.testing.capture_logs() as logs:
         retriever = await Retriever.build(kb, slow)
     texts, _ = Retriever.example_texts(kb)
-    assert retriever.vectors.shape == (len(texts), 384)
     np.testing.assert_array_equal(retriever.vectors, np.stack([vector(t) for t in texts]))
-    # Questions, then the topics' answers (as e5 passages): in each pass 64 and 32 timed out
-    # once and every later call carried 16 texts (the pass's last one fewer).
-    passes = [i for i, n in enumerate(slow.calls) if n == EMBED_CHUNK]
-    assert len(passes) == 2 and slow.calls[:3] == [EMBED_CHUNK, EMBED_CHUNK // 2, EMBED_CHUNK // 4]
-    for start, end in zip(passes, passes[1:] + [len(slow.calls)]):
-        calls = slow.calls[start:end]
-        assert calls[:3] == [EMBED_CHUNK, EMBED_CHUNK // 2, EMBED_CHUNK // 4]
-        assert set(calls[2:-1]) <= {EMBED_CHUNK // 4} and 1 <= calls[-1] <= EMBED_CHUNK // 4
     assert retriever.answer_vectors.shape == (2 * len(kb.topics), 384)
-    # Progress at info level: how many texts, each halving, and the duration; no warning.
-    events = [(e["event"], e["log_level"]) for e in logs]
-    assert events[0] == ("kb_embedding_started", "info") and events[-1] == ("kb_embedding_done", "info")
-    assert set(events[1:-1]) == {("kb_embedding_smaller_calls", "info")} and len(events) == 6
-    assert logs[0]["texts"] == sum(n for n in slow.calls if n <= slow.fits) and logs[-1]["seconds"] >= 0
-    assert logs[1]["why"] == f"{EMBED_CHUNK} texts took longer than inference.deadline_ms"
+    assert set(slow.calls) == {1}  # the examples, the answers (as passages), the intent examples
+    assert len(slow.calls) > len(texts) + 2 * len(kb.topics)
+    # progress at info level: how many texts, and the duration
+    assert [(e["event"], e["log_level"]) for e in logs] == [("kb_embedding_started", "info"),
+                                                            ("kb_embedding_done", "info")]
+    assert logs[0]["texts"] == len(slow.calls) and logs[-1]["seconds"] >= 0
 
 
 async def test_start_fails_with_the_deadline_when_one_text_alone_is_too_slow():
     slow = SlowEncoder(fits=0)
-    with structlog.testing.capture_logs() as logs, pytest.raises(DeadlineExceeded):
+    with pytest.raises(DeadlineExceeded):
         await Retriever.build(load_knowledge_base(), slow)
-    assert slow.calls == [64, 32, 16, 8, 4, 2, 1]
-    # halving is progress (info); one text a call is an overloaded CPU (a warning)
-    assert [(e["texts_per_call"], e["log_level"]) for e in logs if e["event"] == "kb_embedding_smaller_calls"] == [
-        (32, "info"), (16, "info"), (8, "info"), (4, "info"), (2, "info"), (1, "warning")]
+    assert slow.calls == [1]
 
+
+async def test_a_texts_training_vector_is_the_same_in_any_order_and_any_company(dispatcher):
+    """bot/embedding.py: the real model gives each text its vector alone (in a batch a shorter text
+    is padded and moves by about 1e-8), so any build embeds it the same; the embedding cache of
+    users' questions is neither read nor filled."""
+    encoder = dispatcher.retriever.encoder
+    texts = ["失眠怎么调理", "my knee hurts when I climb stairs, what can I do at home", "血压高", "手脚冰凉怎么办"]
+    before = len(encoder.cache)
+    forward, backward = await embed_all(encoder, texts), await embed_all(encoder, texts[::-1])
+    for i, text in enumerate(texts):
+        alone = (await encoder.inner.encode([text]))[0]
+        assert np.array_equal(forward[i], alone) and np.array_equal(backward[-1 - i], alone)
+    assert len(encoder.cache) == before
 
 
 async def test_a_repeated_question_is_scored_once_per_retriever_behind_the_embedding_cache():
