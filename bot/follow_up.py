@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from bot.knowledge import FACETS, KnowledgeBase, Topic
+from bot.knowledge import FACETS, SEE_DOCTOR_HEADING, KnowledgeBase, Topic
 from bot.retrieval import Retriever
 
 RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
@@ -302,7 +302,7 @@ def facet_reply(topic: Topic, facet: str, lang: str, hint: bool = False) -> tupl
         body = f"On \u201c{title}\u201d I have no specific advice for {label.lower()}, and I'd rather not guess."
         if facet in POPULATION_FACETS:
             body += f" Things can be different for {label.lower()}: ask a doctor or pharmacist before trying anything."
-    return f"{body}\n{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}", False
+    return f"{body}\n{_menu(topic, lang)}\n{topic.see_doctor_line(lang)}", False
 
 
 def follow_up_reply(kb: KnowledgeBase, topic: Topic, facet: str | None, lang: str, hint: bool = False
@@ -330,7 +330,7 @@ def more_reply(topic: Topic, lang: str) -> str:
 
 def _what_else(topic: Topic, lang: str) -> str:
     """The facets ``topic`` has, as the user can ask for them, and its when-to-see-a-doctor line."""
-    return f"{_menu(topic, lang)}\n{_see_doctor_line(topic, lang)}"
+    return f"{_menu(topic, lang)}\n{topic.see_doctor_line(lang)}"
 
 
 def after_crisis_reply(kb: KnowledgeBase, topic: Topic, text: str, lang: str) -> str:
@@ -371,12 +371,8 @@ def _hinted(body: str, topic: Topic, lang: str, hint: bool) -> str:
     return f"{body}\n(This follows on from \u201c{topic.title['en']}\u201d; for something else, please ask in full.)"
 
 
-def _see_doctor_line(topic: Topic, lang: str) -> str:
-    return f"【何时就医】{topic.see_doctor['zh']}" if lang == "zh" else f"When to see a doctor: {topic.see_doctor['en']}"
-
-
 def _see_doctor_reply(topic: Topic, lang: str) -> str:
     names = topic.source_names(lang)
     if lang == "zh":
-        return f"【{topic.title['zh']}·何时就医】{topic.see_doctor['zh']}\n【来源】{names}"
-    return f"{topic.title['en']}, when to see a doctor: {topic.see_doctor['en']}\nSource: {names}"
+        return f"【{topic.title['zh']}·{SEE_DOCTOR_HEADING['zh']}】{topic.see_doctor['zh']}\n【来源】{names}"
+    return f"{topic.title['en']}, {SEE_DOCTOR_HEADING['en'].lower()}: {topic.see_doctor['en']}\nSource: {names}"

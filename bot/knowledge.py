@@ -31,6 +31,9 @@ FIELD_LIMITS: dict[str, dict[str, int]] = {
     "facet": {"zh": 220, "en": 600},
 }
 
+#: The heading every topic's ``see_doctor`` is shown under (in an answer, a facet reply, an offer).
+SEE_DOCTOR_HEADING: dict[str, str] = {"zh": "何时就医", "en": "When to see a doctor"}
+
 #: The facets a topic may add beside its main answer, with the heading each is shown
 #: under (docs/kb_schema.md). "When to see a doctor" is every topic's ``see_doctor``.
 FACETS: dict[str, dict[str, str]] = {
@@ -121,9 +124,12 @@ class Topic:
             heading, text = FACETS[facet][lang], self.facet_text(facet, lang)
             body = (f"【{self.title['zh']}·{heading}】{text}" if lang == "zh"
                     else f"{self.title['en']}, {heading.lower()}: {text}")
-        if lang == "zh":
-            return f"{body}\n【何时就医】{self.see_doctor['zh']}\n【来源】{names}"
-        return f"{body}\nWhen to see a doctor: {self.see_doctor['en']}\nSource: {names}"
+        return f"{body}\n{self.see_doctor_line(lang)}\n" + (f"【来源】{names}" if lang == "zh" else f"Source: {names}")
+
+    def see_doctor_line(self, lang: str) -> str:
+        """When to see a doctor, under its heading (:data:`SEE_DOCTOR_HEADING`), in ``lang``."""
+        heading = SEE_DOCTOR_HEADING[lang]
+        return f"【{heading}】{self.see_doctor['zh']}" if lang == "zh" else f"{heading}: {self.see_doctor['en']}"
 
 
 @dataclass(frozen=True)
