@@ -55,8 +55,8 @@ async def derive(cfg: Config, kb: KnowledgeBase, encoder, digest: str) -> tuple[
     head and the topic-fit verifier, each cached in engines/cache under ``digest``
     (:func:`model_digest`) plus ``encoder.variant``, how texts are embedded
     (:data:`bot.embedding.SCHEME`) and its
-    data's digest: seconds when cached, four to seven minutes on 2 CPU cores when not (376 and
-    415 s on two clean clones, 2026-12-05)."""
+    data's digest: seconds when cached, six to ten minutes on 2 CPU cores when not (376 and
+    415 s on two clean clones, 2026-12-05; 585 s on 2026-12-06, each text embedded alone)."""
     cache, key = cfg.engines_path / "cache", f"{digest}{encoder.variant}/{EMBEDDING_SCHEME}"
     # indexing the topics (scopes, BM25) takes seconds to tens of seconds at every start
     with logged_step(log, "retrieval_index", topics=len(kb)):

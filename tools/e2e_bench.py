@@ -230,13 +230,17 @@ def _profile(master: int, out: Path, label: str, seconds: float) -> list[subproc
 START_S = 6.0
 
 
+def _encoder(label: str) -> str:
+    """The encoder a layout serves with: ``onnxruntime`` (the cpu* layouts) or ``default`` (the GPU's)."""
+    return LAYOUTS[label][0].get("HEALTHBOT_INFERENCE_ENGINE_ORDER", "default")
+
+
 def _first_starts(layouts: list[str], base: dict[str, str], out: Path, log: Log) -> None:
     """One single-process ``serve`` per encoder the layouts use, one after the other: each derives
     and caches the knowledge base's vectors and the learned models for its encoder (on an H100
     host 204 s for the GPU's, 259 s for ONNX Runtime's; started together, neither was ready after
     480 s), which every front-end process then loads."""
-    engines = dict.fromkeys(LAYOUTS[label][0].get("HEALTHBOT_INFERENCE_ENGINE_ORDER", "default") for label in layouts)
-    for i, engine in enumerate(engines):
+    for i, engine in enumerate(dict.fromkeys(_encoder(label) for label in layouts)):
         env_over = {"HEALTHBOT_INFERENCE_ENGINE_ORDER": engine} if engine != "default" else {}
         port, started = 18800 + i, time.monotonic()
         proc = _serve(dict(base, HEALTHBOT_DATA_DIR=tempfile.mkdtemp(), **env_over), port, 1,
@@ -298,7 +302,7 @@ def run(out: Path, layouts: list[str], rates: list[float], seconds: float, warmu
         log(f"{label}: {n} front-end processes ready in {time.monotonic() - started:.0f} s; {env_over}; {store} "
             f"store {store_url}" + (f" ({redis.binary})" if redis else ""))
         steps = []
-        for rate in (cpu_rates or rates) if label.startswith("cpu") else rates:
+        for rate in (cpu_rates or rates) if _encoder(label) == "onnxruntime" else rates:
             gpu = _gpu_sampler(out, f"{label}-{rate:g}")
             cmd = [sys.executable, "-m", "bot.cli", "--log-level", "WARNING", "loadtest", "--url",
                    f"http://127.0.0.1:{port}", "--rate", str(rate), "--seconds", str(seconds), "--warmup",
