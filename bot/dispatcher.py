@@ -43,7 +43,7 @@ from bot.logs import ensure_request_id
 from bot.retrieval import Retriever
 from bot.session import Session, Sessions
 from bot.suggestion import (DECLINED, MAX_OFFERED, answer_to_offer, ask_again_reply, choose_first_reply,
-                            suggestion_reply)
+                            offered_topics, suggestion_reply)
 from bot.store import MemoryStore, Store, StoreError
 from bot.store.health import store_unavailable
 from bot.topic_fit import TopicFit
@@ -67,11 +67,6 @@ T = TypeVar("T")
 HEALTH_INTENTS = frozenset({Intent.ANSWER, Intent.EMERGENCY, Intent.REFER_DOCTOR, Intent.NO_ANSWER})
 #: Channels whose users are rate limited (the CLI and evaluations are local tools).
 RATE_LIMITED_CHANNELS = frozenset({"wechat", "telegram", "http"})
-
-
-def _offered(kb: KnowledgeBase, session: Session) -> list[Topic]:
-    """The topics the user's last reply offered ("您是想了解下面哪一个？"), best first; those no longer in ``kb`` left out."""
-    return [kb.topics[t] for t in session.suggested if t in kb.topics]
 
 
 class Dispatcher:
@@ -256,7 +251,7 @@ class Dispatcher:
         session = self.sessions.parse(self._read(state, "session_get",
                                                  self.sessions.key(inbound.channel, inbound.user_id)))
         if (choice := answer_to_offer(norm.text)) is not None:  # "是", "2", "不是" to the topics last offered
-            offered = _offered(self.kb, session)
+            offered = offered_topics(self.kb, session.suggested)
             if len(session.offer_form) == 3:  # the reply follows the last offer's language and script
                 lang, script, variant = session.offer_form
                 norm = dataclasses.replace(norm, script=script, variant=variant)
@@ -286,7 +281,7 @@ class Dispatcher:
         plan = (await plan_follow_up(masked, last, lang, retriever) if intent is None and scope is None
                 and referral is None else FollowUpPlan())
         if plan.ask_back:  # a follow-up with no topic answered before it: ask, don't guess
-            offered = _offered(retriever.kb, session)
+            offered = offered_topics(retriever.kb, session.suggested)
             if offered and (asked := read_follow_up(masked)) is not None:  # ... but topics were just offered
                 session.offer_facet, session.offer_form = asked.facet, [lang, norm.script, norm.variant]
                 self._save_session(inbound, state, session)
@@ -328,7 +323,7 @@ class Dispatcher:
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:
-            net_ids, net_line = safety_net(norm.text, lang, d.safety_net, *self._contacts(lang))
+            net_ids, net_line = safety_net(norm.text, lang, d.safety_net, *self.cfg.safety.contacts(lang))
             notes["safety_net"] = list(net_ids)
 
         def reply(body: str, intent: Intent, **kw: Any) -> Reply:
@@ -349,7 +344,7 @@ class Dispatcher:
             return self._follow_up(inbound, state, session, last, plan.cue.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:
             body = (crisis_reply(lang, self.cfg.safety) if d.kind == "crisis"
-                    else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', *self._contacts(lang))[1]}")
+                    else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', *self.cfg.safety.contacts(lang))[1]}")
             if d.kind == "crisis" and last is not None and probs["crisis"] < self.cfg.decision.crisis_sure:
                 body = f"{body.rstrip()}\n\n{after_crisis_reply(retriever.kb, last, norm.text, lang)}"  # frustration, maybe
             return out(body, Intent.EMERGENCY, handoff=True, engine=retriever.encoder.engine_name), {**notes, "kind": d.kind}
@@ -423,8 +418,3 @@ class Dispatcher:
     def _save_session(self, inbound: Inbound, state: MessageState, session: Session) -> None:
         """Write ``session`` back with the reply (bot/dedup.py)."""
         state.set("session_save", *self.sessions.dump(inbound.channel, inbound.user_id, session))
-
-    def _contacts(self, lang: str) -> tuple[str, str]:
-        """(the emergency number, the crisis line) in ``lang``, from the ``safety`` config."""
-        c = self.cfg.safety
-        return (c.emergency_number_zh, c.crisis_line_zh) if lang == "zh" else (c.emergency_number_en, c.crisis_line_en)

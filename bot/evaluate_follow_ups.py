@@ -8,7 +8,8 @@ it contains:
 
 - ``facet_given``: the facet's own text (``see_doctor``: the topic's when-to-see-a-doctor text
   without its main answer; ``more``: a reply that is not the first answer again), for the
-  topic the first turn was answered with;
+  labelled topic, whatever the first reply was (a first turn answered with another topic and
+  followed by that topic's facet is a miss);
 - ``honest_missing``: the topic lacks the facet and the reply says so;
 - ``repeated``: the second reply is the first answer word for word (never wanted).
 
@@ -55,7 +56,7 @@ class FollowUpResult:
     conversations: int = 0         # facet follow-ups (switches are counted apart)
     first_on_topic: int = 0
     facet_exists: int = 0          # first turn on topic and the topic has the facet asked for
-    facet_given: int = 0           # the second reply carries the facet's text (any first topic)
+    facet_given: int = 0           # the second reply carries the labelled topic's facet text (any first reply)
     facet_given_on_topic: int = 0  # ... among facet_exists
     honest_missing: int = 0        # the topic lacks the facet and the reply says so
     missing: int = 0               # first turn answered with a topic that lacks the facet
@@ -162,7 +163,8 @@ async def evaluate_follow_ups(dispatcher: Dispatcher, rows: list[dict]) -> Follo
         on_topic = first.topic == row["topic"]
         res.first_on_topic += on_topic
         lang = first.lang if first.lang in ("zh", "en") else row["lang"]
-        given = topic is not None and _given(dispatcher, topic, row["facet"], lang, first.text, second)
+        wanted = dispatcher.kb.topics.get(row["topic"])  # the labelled topic's facet, whatever the first reply was
+        given = wanted is not None and _given(dispatcher, wanted, row["facet"], lang, first.text, second)
         res.facet_given += given
         if topic is not None and row["facet"] != "more" and not has_facet(topic, row["facet"]):
             res.missing += 1

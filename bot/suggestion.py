@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from bot.knowledge import FACETS, SEE_DOCTOR_HEADING, Topic
+from bot.knowledge import FACETS, SEE_DOCTOR_HEADING, KnowledgeBase, Topic
 
 RULES_PATH = Path(__file__).with_name("suggestion_rules.yaml")
 #: Most topics one offer lists.
@@ -55,6 +55,11 @@ def answer_to_offer(text: str) -> int | None:
     if refuse.match(text):
         return DECLINED
     return next((i for i, pat in enumerate(choose) if pat.match(text)), None)
+
+
+def offered_topics(kb: KnowledgeBase, suggested: list[str]) -> list[Topic]:
+    """The topics of ``suggested`` (the ids the user's last reply offered, best first), those no longer in ``kb`` left out."""
+    return [kb.topics[t] for t in suggested if t in kb.topics]
 
 
 def ask_again_reply(lang: str) -> str:

@@ -15,3 +15,9 @@ class SafetyConfig:
     emergency_number_en: str = "112 / 911"
     crisis_line_zh: str = "12356"
     crisis_line_en: str = "988 (US) / your local crisis line"
+
+    def contacts(self, lang: str) -> tuple[str, str]:
+        """(the emergency number, the crisis line) in ``lang`` ("zh", else English)."""
+        if lang == "zh":
+            return self.emergency_number_zh, self.crisis_line_zh
+        return self.emergency_number_en, self.crisis_line_en
