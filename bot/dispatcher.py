@@ -31,7 +31,7 @@ from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
 from bot.dedup import ExactlyOnce, MessageState, OnceCache, message_key
-from bot.follow_up import (FollowUpPlan, after_crisis_reply, ask_back_reply, asks_in_general, follow_up_reply, has_facet,
+from bot.follow_up import (SEE_DOCTOR, FollowUpPlan, after_crisis_reply, ask_back_reply, asks_in_general, follow_up_reply, has_facet,
                            more_reply, new_subject_of, read_follow_up, read_named_facet)
 from bot.follow_up_judge import plan_follow_up
 from bot.handoff import HandoffManager
@@ -336,10 +336,13 @@ class Dispatcher:
         if plan.loose is not None and (d.intent in (Intent.ANSWER, Intent.NO_ANSWER) or d.source == "head" and d.intent in (
                 Intent.REFER_DOCTOR, Intent.OUT_OF_SCOPE)):
             return self._follow_up(inbound, state, session, last, plan.loose.facet, lang, reply, hint=True)
-        # "would exercise help?" after a restless-legs answer finds the exercise topic on its own: it asks
-        # for the exercise facet of the topic just answered, when that topic has it
+        # "would exercise help?" after a restless-legs answer finds the exercise topic on its own, and "要去医院看吗
+        # 挂什么科" after a sore-throat answer finds no topic it is sure of: each asks for that facet of the topic
+        # just answered, when that topic has it and the message names no subject of its own
         if (plan.cue is not None and d.intent in (Intent.ANSWER, Intent.NO_ANSWER) and d.source != "rule"
-                and asks_in_general(plan.cue.facet, best.topic_id) and has_facet(last, plan.cue.facet)
+                and (asks_in_general(plan.cue.facet, best.topic_id)
+                     or d.intent is Intent.NO_ANSWER and plan.cue.facet == SEE_DOCTOR)
+                and has_facet(last, plan.cue.facet)
                 and new_subject_of(retriever, masked, last.id) is None):
             return self._follow_up(inbound, state, session, last, plan.cue.facet, lang, reply, hint=True)
         if d.intent is Intent.EMERGENCY:

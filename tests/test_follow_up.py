@@ -261,6 +261,20 @@ async def test_a_follow_up_that_reads_alone_as_the_facets_general_topic_gets_the
     assert reply.topic == "exercise.elderly"
 
 
+async def test_asking_whether_to_see_a_doctor_after_an_answer_gets_the_topics_when_to_see_a_doctor(dispatcher):
+    """"要去医院看吗 挂什么科" after a sore-throat answer: read alone it finds no topic it is sure of (the judge
+    doubts it too), names no subject of its own, and every topic says when to see a doctor: that text goes
+    out. A question of its own with a doctor cue after another answer keeps its own reading."""
+    assert (await dispatcher.handle(_msg("sd", 1, "嗓子疼了两天，咽口水都疼，怎么缓解"))).topic == "body.sore_throat"
+    reply = await dispatcher.handle(_msg("sd", 2, "要去医院看吗 挂什么科"))
+    topic = dispatcher.kb.topics["body.sore_throat"]
+    assert reply.intent is Intent.ANSWER and reply.topic == topic.id, reply
+    assert topic.see_doctor["zh"][:20] in reply.text and topic.answer["zh"][:20] not in reply.text
+    assert (await dispatcher.handle(_msg("sd-own", 1, "嗓子疼了两天，咽口水都疼，怎么缓解"))).topic == "body.sore_throat"
+    reply = await dispatcher.handle(_msg("sd-own", 2, "孩子发烧39度 要去医院吗"))
+    assert reply.topic != "body.sore_throat", reply
+
+
 def test_the_facets_general_topics_exist():
     from bot.follow_up import _rules
     kb = load_knowledge_base()
