@@ -56,7 +56,7 @@ from safety.normalize import normalize, to_user_script
 from safety.pii import mask_pii, pseudonym
 from safety.review import review
 from safety.safety_net import safety_net
-from safety.scope import check_scope, has_medicine, names_medicine, refer_reply
+from safety.scope import check_scope, has_medicine, names_medicine, refer_reply, without_medicine_avoided
 from safety.triage import crisis_reply, triage
 
 log = structlog.get_logger("healthbot.dispatch")
@@ -293,7 +293,7 @@ class Dispatcher:
         # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
         context = last.title[lang] if plan.with_context else None
         try:
-            found = await retriever.search(masked, context=context)
+            found = await retriever.search(without_medicine_avoided(masked), context=context)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
             # inference worker process is restarting). What the rules decided still goes out;

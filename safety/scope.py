@@ -174,16 +174,23 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
 _MEDICINE = re.compile(f"{DRUG_ZH}|\\b{DRUG_EN}")
 #: Phrases asking for ways without a medicine (``non_drug`` in scope_rules.yaml): taken out
 #: before the medicine rules read the message.
-_NON_DRUG = re.compile(WORDS["non_drug"])
+_NON_DRUG, _XRAY = re.compile(WORDS["non_drug"]), re.compile(WORDS["xray"])
 _NON_DRUG_AVOID, _NON_DRUG_ASK = re.compile(WORDS["non_drug_avoid"]), re.compile(WORDS["non_drug_ask"])
 
 
 def without_non_drug(text: str) -> str:
-    """A normalized message without its requests for ways other than a medicine (``non_drug``;
-    ``non_drug_avoid`` when the message also asks for other ways, ``non_drug_ask``), so that
-    the self-care question behind "不想吃药 有什么食疗" is answered, not referred."""
+    """A normalized message without its requests for ways other than a medicine and its X-rays
+    (:func:`without_medicine_avoided`, ``xray``), for the medicine rules: the self-care question
+    behind "不想吃药 有什么食疗" is answered, not referred."""
+    return without_medicine_avoided(_XRAY.sub(" ", text))
+
+
+def without_medicine_avoided(text: str) -> str:
+    """A normalized message without the medicine it asks to do without (``non_drug``; ``non_drug_avoid``
+    when the message also asks for other ways, ``non_drug_ask``): what retrieval and the decision head
+    read, so that "感冒了 不想吃药 有什么食疗" reads as the cold question it is, not as one about medicine."""
     text = _NON_DRUG.sub(" ", text)
-    return _NON_DRUG_AVOID.sub(" ", text) if _NON_DRUG_ASK.search(text) else text
+    return " ".join((_NON_DRUG_AVOID.sub(" ", text) if _NON_DRUG_ASK.search(text) else text).split())
 
 
 #: Supplements the knowledge base answers (nutri.supplements): not "a named medicine".

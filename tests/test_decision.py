@@ -170,3 +170,5 @@ def test_supplements_are_not_named_medicines():
     # not wanting medicine, said softly, while asking for other ways (blind batch RR, 2026-12-06): answered
     assert not names_medicine("感冒了鼻塞流鼻涕 不太想吃药 有什么办法")
     assert names_medicine("不太想吃降压药 有什么办法")  # a named medicine stays with the doctor
+    assert names_medicine("孩子得了手足口病 除了退烧还要吃什么药")  # asks for a medicine: 除了 leaves out the fever
+    assert not names_medicine("最近insomnia好严重 有没有不吃药的tips")

@@ -56,6 +56,20 @@ async def test_traditional_question_gets_a_traditional_reply(dispatcher):
     assert "醫生" in reply.text
 
 
+@pytest.mark.parametrize("q, topic", [("感冒了 流鼻涕打喷嚏 不想吃药 有什么食疗吗", "body.common_cold_care"),
+                                      ("便秘好几天了 不想吃药 有什么食疗", "digest.constipation")])
+async def test_asking_for_ways_without_medicine_is_answered_as_the_self_care_question(dispatcher, q, topic):
+    """The medicine the user wants to do without is left out of what retrieval and the head read
+    (safety/scope.py ``without_medicine_avoided``): before, "吃药" in it drew a referral."""
+    reply = await dispatcher.handle(text(q))
+    assert (reply.intent, reply.topic) == (Intent.ANSWER, topic), reply
+
+
+@pytest.mark.parametrize("q", ["孩子得了手足口病 除了退烧还要吃什么药", "不想吃降压药 有什么办法"])
+async def test_asking_which_medicine_or_about_a_named_one_is_still_referred(dispatcher, q):
+    assert (await dispatcher.handle(text(q))).intent is Intent.REFER_DOCTOR
+
+
 async def test_dose_question_is_referred_to_a_doctor(dispatcher):
     reply = await dispatcher.handle(text("布洛芬一次吃几片"))
     assert reply.intent is Intent.REFER_DOCTOR
