@@ -27,13 +27,11 @@ from pathlib import Path
 
 import yaml
 
-from bot.knowledge import FACETS, SEE_DOCTOR_HEADING, KnowledgeBase, Topic
+from bot.knowledge import FACETS, SEE_DOCTOR, KnowledgeBase, Topic
 from bot.retrieval import Retriever
 
 RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
 
-#: The "when to see a doctor" facet every topic has (its ``see_doctor`` field).
-SEE_DOCTOR = "see_doctor"
 #: Facets that differ by population: a missing one sends the user to a clinician first.
 POPULATION_FACETS = frozenset({"elders", "children", "pregnancy"})
 #: Longest message read as a facet follow-up: characters, or words for Latin script
@@ -289,7 +287,7 @@ def facet_reply(topic: Topic, facet: str, lang: str, hint: bool = False) -> tupl
         (an honest "nothing specific here" with the facets it does have, False) otherwise.
     """
     if facet == SEE_DOCTOR:
-        return _hinted(_see_doctor_reply(topic, lang), topic, lang, hint), True
+        return _hinted(topic.render(lang, SEE_DOCTOR), topic, lang, hint), True
     if facet in topic.facets:
         return _hinted(topic.render(lang, facet), topic, lang, hint), True
     label = FACETS[facet][lang]
@@ -371,8 +369,3 @@ def _hinted(body: str, topic: Topic, lang: str, hint: bool) -> str:
     return f"{body}\n(This follows on from \u201c{topic.title['en']}\u201d; for something else, please ask in full.)"
 
 
-def _see_doctor_reply(topic: Topic, lang: str) -> str:
-    names = topic.source_names(lang)
-    if lang == "zh":
-        return f"【{topic.title['zh']}·{SEE_DOCTOR_HEADING['zh']}】{topic.see_doctor['zh']}\n【来源】{names}"
-    return f"{topic.title['en']}, {SEE_DOCTOR_HEADING['en'].lower()}: {topic.see_doctor['en']}\nSource: {names}"

@@ -33,6 +33,8 @@ FIELD_LIMITS: dict[str, dict[str, int]] = {
 
 #: The heading every topic's ``see_doctor`` is shown under (in an answer, a facet reply, an offer).
 SEE_DOCTOR_HEADING: dict[str, str] = {"zh": "何时就医", "en": "When to see a doctor"}
+#: The facet name a follow-up asks for that text by ("什么时候要看医生"): every topic has it.
+SEE_DOCTOR = "see_doctor"
 
 #: The facets a topic may add beside its main answer, with the heading each is shown
 #: under (docs/kb_schema.md). "When to see a doctor" is every topic's ``see_doctor``.
@@ -113,18 +115,24 @@ class Topic:
 
     def render(self, lang: str, facet: str | None = None) -> str:
         """The reply body in ``lang``, no disclaimer: the main answer, or ``facet``'s text under
-        its heading, then when to see a doctor and the sources.
+        its heading, then when to see a doctor and the sources; for ``facet`` :data:`SEE_DOCTOR`,
+        when to see a doctor under the topic's title, then the sources.
 
         Raises:
             KeyError: ``facet`` is given and the topic has no such facet.
         """
+        if facet == SEE_DOCTOR:
+            return f"{self._headed(SEE_DOCTOR_HEADING[lang], self.see_doctor[lang], lang)}\n{self._sources_line(lang)}"
+        body = self.answer[lang] if facet is None else self._headed(FACETS[facet][lang], self.facet_text(facet, lang), lang)
+        return f"{body}\n{self.see_doctor_line(lang)}\n{self._sources_line(lang, facet)}"
+
+    def _headed(self, heading: str, text: str, lang: str) -> str:
+        """``text`` under the topic's title and ``heading``: "【失眠·饮食】…", "Insomnia, diet: …"."""
+        return f"【{self.title['zh']}·{heading}】{text}" if lang == "zh" else f"{self.title['en']}, {heading.lower()}: {text}"
+
+    def _sources_line(self, lang: str, facet: str | None = None) -> str:
         names = self.source_names(lang, facet)
-        body = self.answer[lang]
-        if facet is not None:
-            heading, text = FACETS[facet][lang], self.facet_text(facet, lang)
-            body = (f"【{self.title['zh']}·{heading}】{text}" if lang == "zh"
-                    else f"{self.title['en']}, {heading.lower()}: {text}")
-        return f"{body}\n{self.see_doctor_line(lang)}\n" + (f"【来源】{names}" if lang == "zh" else f"Source: {names}")
+        return f"【来源】{names}" if lang == "zh" else f"Source: {names}"
 
     def see_doctor_line(self, lang: str) -> str:
         """When to see a doctor, under its heading (:data:`SEE_DOCTOR_HEADING`), in ``lang``."""

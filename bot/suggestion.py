@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from bot.knowledge import FACETS, SEE_DOCTOR_HEADING, KnowledgeBase, Topic
+from bot.knowledge import FACETS, SEE_DOCTOR, SEE_DOCTOR_HEADING, KnowledgeBase, Topic
 
 RULES_PATH = Path(__file__).with_name("suggestion_rules.yaml")
 #: Most topics one offer lists.
@@ -92,7 +92,7 @@ def choose_first_reply(topics: list[Topic], facet: str | None, lang: str) -> str
     """A follow-up ("那饮食上呢", "what about exercise?") sent while ``topics`` stand offered: which topic
     it follows is the user's to say. The offer again, and that ``facet`` (a FACETS name or
     ``see_doctor``; None for "more") of the topic chosen comes next."""
-    what = SEE_DOCTOR_HEADING[lang].lower() if facet == "see_doctor" else (
+    what = SEE_DOCTOR_HEADING[lang].lower() if facet == SEE_DOCTOR else (
         FACETS[facet][lang] if facet in FACETS else "")
     if lang == "zh":
         aspect = f"「{what}」方面的建议" if what else "这方面的建议"
