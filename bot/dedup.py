@@ -12,9 +12,9 @@ retry reaching another replica, or arriving after the computation ended, gets th
 reply.
 
 A message's other state (the user's handoff, session, transcript) is read with the lookup of
-its reply, in one round trip, and written with its reply, in one (:class:`MessageState`):
-four store round trips a message (read, claim, rate token, write) instead of about ten
-(docs/loadtest.md, "One read and one write a message"). Two messages of one user computed at
+its reply and its claim, in one round trip, and written with its reply, in one
+(:class:`MessageState`): three store round trips a message (read and claim, rate token, write)
+instead of about ten (docs/loadtest.md, "One read and one write a message"). Two messages of one user computed at
 the same moment each write back what they read plus their own: the later write wins, so the
 transcript kept for agents may miss the other's turns (the session was already read and
 written this way). Not measured how often a user's messages overlap like this; a person's
@@ -145,18 +145,20 @@ class ExactlyOnce:
         """
         key = message_key(inbound)
         reply_key = f"reply:{key}"
-        values: list[str | None] | None = None
         try:
-            stored, *values = await self.store.get_many([reply_key, *reads])
-            if stored is not None:
+            claimed, (stored, *values), _ = await self.store.claim_and_read(f"dedup:{key}", "1", CLAIM_TTL_S,
+                                                                          strings=[reply_key, *reads])
+            if stored is not None:  # computed already (the claim just made, if any, is never read)
                 return Reply.from_json(stored)
-            claimed = await self.store.set_if_absent(f"dedup:{key}", "1", CLAIM_TTL_S)
         except StoreError as exc:  # nothing answers, or it reads but cannot write (disk full, read-only)
             store_unavailable("dedup", exc)
             here = self.replies_here.get(reply_key)
             if here is not None:
                 return Reply.from_json(here)
-            state = MessageState(error=exc) if values is None else MessageState(dict(zip(reads, values)))
+            try:  # what can still be read
+                state = MessageState(dict(zip(reads, await self.store.get_many(reads))))
+            except StoreError as read_error:
+                state = MessageState(error=read_error)
             reply = await compute(state)
             self.replies_here.set(reply_key, reply.to_json(), REPLY_TTL_S)
             for operation, *_ in state.writes:  # not tried: the claim, a write, has just failed

@@ -399,8 +399,8 @@ class CountingStore(MemoryStore):
 
     def __getattribute__(self, name):
         attr = super().__getattribute__(name)
-        if name in ("get", "get_many", "set", "set_many", "set_if_absent", "delete", "take_token", "push",
-                    "pop_all", "read_all"):
+        if name in ("get", "get_many", "set", "set_many", "set_if_absent", "claim_and_read", "delete", "take_token",
+                    "push", "pop_all", "read_all"):
             self.calls.append(name)
         return attr
 
@@ -412,15 +412,15 @@ async def test_a_message_reads_its_state_in_one_round_trip_and_writes_it_with_it
     d = Dispatcher(cfg, dispatcher.retriever, dispatcher.head, dispatcher.topic_fit, store=store)
     first = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-1", MessageKind.TEXT, "高血压平时运动要注意什么"))
     assert first.intent is Intent.ANSWER
-    assert store.calls == ["get_many", "set_if_absent", "take_token", "set_many"]
+    assert store.calls == ["claim_and_read", "take_token", "set_many"]
     # what was written with the reply is what the next message reads: the follow-up finds its topic
     store.calls.clear()
     follow = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-2", MessageKind.TEXT, "那饮食上呢"))
     assert follow.intent is Intent.ANSWER and follow.topic == first.topic
-    assert store.calls == ["get_many", "set_if_absent", "take_token", "set_many"]
+    assert store.calls == ["claim_and_read", "take_token", "set_many"]
     turns = await store.get(d.handoff.turns_key("wechat", "rt-user"))
     assert "那饮食上呢" in turns and "高血压" in turns  # both messages' turns, in one transcript
     # a retry of the first message: its stored reply, in the one read, nothing computed or written
     store.calls.clear()
     again = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-1", MessageKind.TEXT, "高血压平时运动要注意什么"))
-    assert again.text == first.text and store.calls == ["get_many"]
+    assert again.text == first.text and store.calls == ["claim_and_read"]

@@ -147,6 +147,25 @@ async def test_claim_is_free_again_after_delete(store):
     assert await store.set_if_absent("lock", "you") is True
 
 
+async def test_claim_and_read_reads_strings_and_lists_then_claims_exactly_once(store):
+    await store.set("reply", "stored")
+    await store.push("pending", "a", ttl_s=60)
+    await store.push("pending", "b", ttl_s=60)
+    await store.set("a-string", "not a list")
+    await store.push("a-list", "not a string", ttl_s=60)
+    first = await store.claim_and_read("claim", "me", 30, strings=["reply", "absent", "a-list"],
+                                       lists=["pending", "nothing", "a-string"])
+    assert first == (True, ["stored", None, None], [["a", "b"], [], []])
+    assert await store.read_all("pending") == ["a", "b"]  # read, left in place
+    results = await asyncio.gather(*(store.claim_and_read("claim2", f"w{i}", 30, strings=["reply"]) for i in range(50)))
+    assert sum(r.claimed for r in results) == 1 and {tuple(r.strings) for r in results} == {("stored",)}
+    assert (await store.claim_and_read("claim", "you", 30)) == (False, [], [])
+    assert await store.get("claim") == "me"
+    short = await store.claim_and_read("short", "x", 0.1)
+    await asyncio.sleep(0.2)
+    assert short.claimed and (await store.claim_and_read("short", "y", 30)).claimed  # an expired claim is free
+
+
 async def test_delete_if_equal_releases_only_the_holders_lock(store):
     assert await store.delete_if_equal("wechat:token_lock", "owner-a") is False  # absent
     await store.set("wechat:token_lock", "owner-a", ttl_s=30)
@@ -633,6 +652,27 @@ async def test_redis_commands_of_one_loop_turn_share_a_pipeline_and_keep_their_o
     finally:
         await store.close()
 
+
+
+async def test_redis_a_caller_cancelled_mid_pipeline_leaves_no_reply_for_the_next(redis_server):
+    """bot/store/redis_batch.py keeps its connections between pipelines: one whose replies were
+    left unread (its caller cancelled while Redis was still answering) is dropped, never reused,
+    so the next caller reads its own reply, not the cancelled one's."""
+    _flush(redis_server.url)
+    store = await open_store(redis_server.url)
+    try:
+        await store.set("k", "mine")
+        slow = asyncio.ensure_future(store._send(lambda p: p.blpop(["empty_list"], timeout=0.3)))
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        assert [await store.get("k") for _ in range(3)] == ["mine"] * 3
+        await asyncio.sleep(0.4)  # BLPOP's nil would have arrived by now on a reused connection
+        assert await store.get_many(["k", "nope"]) == ["mine", None]
+        assert await store.set_if_absent("k", "other", 5.0) is False
+    finally:
+        await store.close()
 
 async def test_redis_that_stops_answering_fails_each_call_within_the_timeout():
     """The pool's sockets have no read timeout (bot/store/redis_batch.py): the pipeline's deadline

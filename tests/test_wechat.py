@@ -955,6 +955,9 @@ class BrokenStore(MemoryStore):
     async def set_if_absent(self, key, value, ttl_s=None):
         raise ConnectionError("store down")
 
+    async def claim_and_read(self, key, value, ttl_s=None, strings=(), lists=()):
+        raise ConnectionError("store down")
+
 
 async def test_store_outage_still_answers_passively(serve, signer):
     clients: list[TestClient] = []

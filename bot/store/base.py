@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import NamedTuple, Protocol, Sequence, runtime_checkable
 
 
 class StoreError(RuntimeError):
@@ -11,6 +11,16 @@ class StoreError(RuntimeError):
     At run time callers degrade instead of failing (bot/store/health.py): the reply is
     still computed and delivered without the store.
     """
+
+
+class ClaimRead(NamedTuple):
+    """What :meth:`Store.claim_and_read` found: whether this call claimed the key, the string at
+    each key of ``strings`` (None where absent, expired or a list) and the list at each key of
+    ``lists`` (oldest first, [] where absent, expired or a string)."""
+
+    claimed: bool
+    strings: list[str | None]
+    lists: list[list[str]]
 
 
 @runtime_checkable
@@ -41,6 +51,14 @@ class Store(Protocol):
 
     async def set_if_absent(self, key: str, value: str, ttl_s: float | None = None) -> bool:
         """Store only if ``key`` is absent or expired; True if this call stored it (a claim)."""
+        ...
+
+    async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
+                             lists: Sequence[str] = ()) -> ClaimRead:
+        """:meth:`get_many` of ``strings``, :meth:`read_all` of each of ``lists`` and
+        :meth:`set_if_absent` of ``key``, in that order, in one round trip (one pipeline on Redis:
+        each command atomic on its own, the group not): a message's claim and what it reads with
+        it (bot/dedup.py, adapters/wechat/passive.py). Raises StoreError when any of them fails."""
         ...
 
     async def delete(self, key: str) -> None:

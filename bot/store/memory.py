@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from bot.store.base import ClaimRead
+
 
 class MemoryStore:
     """A dict with expiry times; atomic because asyncio runs one coroutine step at a time."""
@@ -50,6 +52,10 @@ class MemoryStore:
         self._values[key] = (value, self._expiry(ttl_s))
         return True
 
+    async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings=(), lists=()) -> ClaimRead:
+        read = [self._text(k) for k in strings], [self._list(k) for k in lists]
+        return ClaimRead(await MemoryStore.set_if_absent(self, key, value, ttl_s), *read)
+
     async def delete(self, key: str) -> None:
         self._values.pop(key, None)
 
@@ -80,9 +86,12 @@ class MemoryStore:
         self._values.pop(key, None)
         return list(items) if isinstance(items, list) else []
 
-    async def read_all(self, key: str) -> list[str]:
+    def _list(self, key: str) -> list[str]:
         items = self._live(key)
         return list(items) if isinstance(items, list) else []
+
+    async def read_all(self, key: str) -> list[str]:
+        return self._list(key)
 
     async def ping(self) -> bool:
         return True

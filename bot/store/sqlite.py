@@ -55,7 +55,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from bot.store.base import StoreError
+from bot.store.base import ClaimRead, StoreError
 from bot.store.health import OK, PROBE_KEY, UNREACHABLE, UNWRITABLE
 from bot.store.shm_guard import ShmGuard, enable_faulthandler
 from bot.store.sqlite_connection import SCHEMA, SCHEMA_VERSION, abandon, connect, describe_error, is_busy, sqlite_path
@@ -298,6 +298,13 @@ class SqliteStore:
             "INSERT INTO kv (key, value, expires) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE SET"
             " value = excluded.value, expires = excluded.expires WHERE kv.expires IS NOT NULL AND kv.expires <= ?",
             (key, value, _expiry(ttl_s, now), now)) == 1
+
+    async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
+                             lists: Sequence[str] = ()) -> ClaimRead:
+        """The reads (on the read connection, no commit) then the claim, as :meth:`get_many`,
+        :meth:`read_all` and :meth:`set_if_absent` one after another."""
+        read = await self.get_many(strings), [await self.read_all(k) for k in lists]
+        return ClaimRead(await self.set_if_absent(key, value, ttl_s), *read)
 
     async def delete(self, key: str) -> None:
         """Remove the string or list at ``key`` (no error if absent; buckets are kept). A key that
