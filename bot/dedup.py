@@ -12,9 +12,9 @@ retry reaching another replica, or arriving after the computation ended, gets th
 reply.
 
 A message's other state (the user's handoff, session, transcript) is read with the lookup of
-its reply and its claim, in one round trip, and written with its reply, in one
-(:class:`MessageState`): three store round trips a message (read and claim, rate token, write)
-instead of about ten (docs/loadtest.md, "One read and one write a message"). Two messages of one user computed at
+its reply, its claim and its rate-limit token, in one round trip, and written with its reply, in
+one (:class:`MessageState`): two store round trips a message instead of about ten
+(docs/loadtest.md, "One read and one write a message"). Two messages of one user computed at
 the same moment each write back what they read plus their own: the later write wins, so the
 transcript kept for agents may miss the other's turns (the session was already read and
 written this way). Not measured how often a user's messages overlap like this; a person's
@@ -30,7 +30,7 @@ from typing import Awaitable, Callable, Generic, Hashable, Sequence, TypeVar
 
 import structlog
 
-from bot.store import Store, StoreError
+from bot.store import Bucket, Store, StoreError
 from bot.store.health import LocalCache, store_unavailable
 from bot.types import Inbound, Intent, Reply
 
@@ -67,11 +67,14 @@ class MessageState:
         error: why the read failed (the store is down); :meth:`get` raises it.
         writes: ``(operation, key, value, ttl_s)`` to write with the reply; ``operation`` names it
             in ``store.unavailable`` (bot/store/health.py) if the write fails.
+        token: whether the message's rate-limit token was taken with the read (None: not asked, or
+            the read failed).
     """
 
     values: dict[str, str | None] = field(default_factory=dict)
     error: StoreError | None = None
     writes: list[tuple[str, str, str, float | None]] = field(default_factory=list)
+    token: bool | None = None
 
     def get(self, key: str) -> str | None:
         """The value read at ``key`` (None: absent), as written by :meth:`set` since.
@@ -128,7 +131,7 @@ class ExactlyOnce:
         self.replies_here: LocalCache[str, str] = LocalCache()
 
     async def run(self, inbound: Inbound, compute: Callable[[MessageState], Awaitable[Reply]],
-                  reads: Sequence[str] = ()) -> Reply:
+                  reads: Sequence[str] = (), bucket: Bucket | None = None) -> Reply:
         """Exactly once across replicas: the replica that claims the message computes it.
 
         The claim (``dedup:<channel>:<user>:<id>``, :data:`CLAIM_TTL_S`) and the finished reply
@@ -142,12 +145,14 @@ class ExactlyOnce:
             reads: further keys ``compute`` reads; they are read with the stored reply in one
                 round trip and given to ``compute`` as a :class:`MessageState`, whose writes are
                 made with the reply in one.
+            bucket: the sender's rate-limit token bucket, a token taken in the same round trip
+                (``MessageState.token``), for a message that turns out to be a retry too.
         """
         key = message_key(inbound)
         reply_key = f"reply:{key}"
         try:
-            claimed, (stored, *values), _ = await self.store.claim_and_read(f"dedup:{key}", "1", CLAIM_TTL_S,
-                                                                          strings=[reply_key, *reads])
+            claimed, (stored, *values), _, token = await self.store.claim_and_read(
+                f"dedup:{key}", "1", CLAIM_TTL_S, strings=[reply_key, *reads], bucket=bucket)
             if stored is not None:  # computed already (the claim just made, if any, is never read)
                 return Reply.from_json(stored)
         except StoreError as exc:  # nothing answers, or it reads but cannot write (disk full, read-only)
@@ -165,7 +170,7 @@ class ExactlyOnce:
                 store_unavailable(operation, exc)
             return reply
         if claimed:
-            state = MessageState(dict(zip(reads, values)))
+            state = MessageState(dict(zip(reads, values)), token=token)
             reply = await compute(state)
             try:
                 await self.store.set_many([(reply_key, reply.to_json(), REPLY_TTL_S),

@@ -44,7 +44,7 @@ from bot.retrieval import Retriever
 from bot.session import Session, Sessions
 from bot.suggestion import (DECLINED, MAX_OFFERED, answer_to_offer, ask_again_reply, choose_first_reply,
                             offered_topics, suggestion_reply)
-from bot.store import MemoryStore, Store, StoreError
+from bot.store import Bucket, MemoryStore, Store, StoreError
 from bot.store.health import store_unavailable
 from bot.topic_fit import TopicFit
 from bot.types import Inbound, Intent, MessageKind, Reply
@@ -102,14 +102,20 @@ class Dispatcher:
             store_unavailable(operation, exc)
             return fallback
 
-    async def _within_rate(self, inbound: Inbound) -> bool:
-        """Per-user token bucket (``server.user_rate_per_minute``, ``server.user_burst``)."""
-        if inbound.channel not in RATE_LIMITED_CHANNELS:
-            return True
+    def _bucket(self, inbound: Inbound) -> Bucket | None:
+        """The sender's token bucket (``server.user_rate_per_minute``, ``server.user_burst``); None for
+        a channel without a rate limit, or a message that is no text (a follow, a photo)."""
+        if inbound.channel not in RATE_LIMITED_CHANNELS or inbound.kind is not MessageKind.TEXT:
+            return None
         srv = self.cfg.server
-        # No rate limit while the store is down.
-        return await self._without_store("rate_limit", self.store.take_token(
-            f"rate:{inbound.channel}:{inbound.user_id}", srv.user_rate_per_minute / 60.0, srv.user_burst), True)
+        return f"rate:{inbound.channel}:{inbound.user_id}", srv.user_rate_per_minute / 60.0, srv.user_burst
+
+    async def _within_rate(self, inbound: Inbound, state: MessageState) -> bool:
+        """The token taken with the message's read (:meth:`handle`), else one taken now; True
+        with no limit, and while the store is down."""
+        if state.token is not None or (bucket := self._bucket(inbound)) is None:
+            return state.token is not False
+        return await self._without_store("rate_limit", self.store.take_token(*bucket), True)
 
     async def forget_user(self, channel: str, user_id: str) -> None:
         """Drop everything kept about a user: handoff, transcript, session (unsubscribe, /stop)."""
@@ -138,7 +144,8 @@ class Dispatcher:
                  self.sessions.key(inbound.channel, inbound.user_id),
                  self.handoff.turns_key(inbound.channel, inbound.user_id))
         try:
-            return await self.once.run(message_key(inbound), lambda: self.exactly_once.run(inbound, compute, reads))
+            return await self.once.run(message_key(inbound), lambda: self.exactly_once.run(
+                inbound, compute, reads, self._bucket(inbound)))
         finally:
             if not computed:  # answered by an in-flight or stored computation
                 metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
@@ -246,7 +253,7 @@ class Dispatcher:
         if urgent is not None:
             return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind,
                                                                         **notes}
-        if not await self._within_rate(inbound):
+        if not await self._within_rate(inbound, state):
             return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
         session = self.sessions.parse(self._read(state, "session_get",
                                                  self.sessions.key(inbound.channel, inbound.user_id)))

@@ -406,18 +406,42 @@ class CountingStore(MemoryStore):
 
 
 @requires_model
+async def test_the_rate_token_taken_with_the_read_limits_questions_never_an_emergency(dispatcher, cfg):
+    """The sender's token comes with the message's claim (one round trip): past the burst a question
+    gets the polite slow-down reply, an emergency its emergency reply, a retry its stored reply."""
+    import dataclasses
+
+    from bot.dispatcher import SLOW_DOWN_REPLY, Dispatcher
+    store = CountingStore()
+    tight = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, user_burst=2, user_rate_per_minute=0.01))
+    d = Dispatcher(tight, dispatcher.retriever, dispatcher.head, dispatcher.topic_fit, store=store)
+
+    def wx(q: str, n: int) -> Inbound:
+        return Inbound("wechat", "rate-user", "rate-user", f"rate-{n}", MessageKind.TEXT, q)
+    first = await d.handle(wx("失眠怎么调理", 1))
+    second = await d.handle(wx("手脚冰凉怎么办", 2))
+    assert first.intent is Intent.ANSWER and second.intent is Intent.ANSWER
+    store.calls.clear()
+    third = await d.handle(wx("口腔溃疡反复发作怎么办", 3))
+    assert third.text == SLOW_DOWN_REPLY["zh"] and store.calls == ["claim_and_read", "set_many"]
+    emergency = await d.handle(wx("胸口像压了块石头，一直出冷汗", 4))
+    assert emergency.intent is Intent.EMERGENCY and "120" in emergency.text
+    assert (await d.handle(wx("失眠怎么调理", 1))).text == first.text  # a retry: the stored reply
+
+
+@requires_model
 async def test_a_message_reads_its_state_in_one_round_trip_and_writes_it_with_its_reply_in_one(dispatcher, cfg):
     from bot.dispatcher import Dispatcher
     store = CountingStore()
     d = Dispatcher(cfg, dispatcher.retriever, dispatcher.head, dispatcher.topic_fit, store=store)
     first = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-1", MessageKind.TEXT, "高血压平时运动要注意什么"))
     assert first.intent is Intent.ANSWER
-    assert store.calls == ["claim_and_read", "take_token", "set_many"]
+    assert store.calls == ["claim_and_read", "set_many"]
     # what was written with the reply is what the next message reads: the follow-up finds its topic
     store.calls.clear()
     follow = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-2", MessageKind.TEXT, "那饮食上呢"))
     assert follow.intent is Intent.ANSWER and follow.topic == first.topic
-    assert store.calls == ["claim_and_read", "take_token", "set_many"]
+    assert store.calls == ["claim_and_read", "set_many"]
     turns = await store.get(d.handoff.turns_key("wechat", "rt-user"))
     assert "那饮食上呢" in turns and "高血压" in turns  # both messages' turns, in one transcript
     # a retry of the first message: its stored reply, in the one read, nothing computed or written

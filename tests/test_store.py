@@ -155,15 +155,23 @@ async def test_claim_and_read_reads_strings_and_lists_then_claims_exactly_once(s
     await store.push("a-list", "not a string", ttl_s=60)
     first = await store.claim_and_read("claim", "me", 30, strings=["reply", "absent", "a-list"],
                                        lists=["pending", "nothing", "a-string"])
-    assert first == (True, ["stored", None, None], [["a", "b"], [], []])
+    assert first == (True, ["stored", None, None], [["a", "b"], [], []], None)
     assert await store.read_all("pending") == ["a", "b"]  # read, left in place
     results = await asyncio.gather(*(store.claim_and_read("claim2", f"w{i}", 30, strings=["reply"]) for i in range(50)))
     assert sum(r.claimed for r in results) == 1 and {tuple(r.strings) for r in results} == {("stored",)}
-    assert (await store.claim_and_read("claim", "you", 30)) == (False, [], [])
+    assert (await store.claim_and_read("claim", "you", 30)) == (False, [], [], None)
     assert await store.get("claim") == "me"
     short = await store.claim_and_read("short", "x", 0.1)
     await asyncio.sleep(0.2)
     assert short.claimed and (await store.claim_and_read("short", "y", 30)).claimed  # an expired claim is free
+
+
+async def test_claim_and_read_takes_from_the_same_bucket_as_take_token(store):
+    tokens = [(await store.claim_and_read(f"m{i}", "1", 30, bucket=("rate:u", 0.001, 3))).token for i in range(2)]
+    assert tokens == [True, True]
+    assert await store.take_token("rate:u", 0.001, 3) is True  # the third of the burst of 3
+    assert (await store.claim_and_read("m9", "1", 30, bucket=("rate:u", 0.001, 3))).token is False
+    assert (await store.claim_and_read("m9", "1", 30, bucket=("rate:other", 0.001, 3))).token is True  # per key
 
 
 async def test_delete_if_equal_releases_only_the_holders_lock(store):

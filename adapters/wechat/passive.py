@@ -112,9 +112,10 @@ class PassiveDelivery(LateDelivery):
         openid = inbound.user_id
         # The claim and what composing reads, in one round trip: the pending answers are then
         # popped, and unread pages deleted, only where there are some (rarely).
-        claimed, (more,), (pending,) = await self.store.claim_and_read(
-            key, via("composing"), COMPOSING_TTL_S, strings=[MORE_KEY.format(openid=openid)],
-            lists=[PENDING_KEY.format(openid=openid)])
+        found = await self.store.claim_and_read(key, via("composing"), COMPOSING_TTL_S,
+                                                strings=[MORE_KEY.format(openid=openid)],
+                                                lists=[PENDING_KEY.format(openid=openid)])
+        claimed, (more,), (pending,) = found.claimed, found.strings, found.lists
         if claimed:
             out = await self._compose(inbound, reply, pending=bool(pending), more=more is not None)
             await self.store.set(key, out.state(), DELIVERY_STATE_TTL_S)

@@ -10,10 +10,10 @@ namespaced by the caller (``dedup:wechat:123``, ``session:telegram:42``,
 
 from __future__ import annotations
 
-from bot.store.base import Store, StoreError
+from bot.store.base import Bucket, ClaimRead, Store, StoreError
 from bot.store.memory import MemoryStore
 
-__all__ = ["Store", "StoreError", "MemoryStore", "open_store"]
+__all__ = ["Bucket", "ClaimRead", "Store", "StoreError", "MemoryStore", "open_store"]
 
 
 async def open_store(url: str) -> Store:

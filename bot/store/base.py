@@ -15,12 +15,18 @@ class StoreError(RuntimeError):
 
 class ClaimRead(NamedTuple):
     """What :meth:`Store.claim_and_read` found: whether this call claimed the key, the string at
-    each key of ``strings`` (None where absent, expired or a list) and the list at each key of
-    ``lists`` (oldest first, [] where absent, expired or a string)."""
+    each key of ``strings`` (None where absent, expired or a list), the list at each key of
+    ``lists`` (oldest first, [] where absent, expired or a string) and whether a token was taken
+    from ``bucket`` (None: no bucket given)."""
 
     claimed: bool
     strings: list[str | None]
     lists: list[list[str]]
+    token: bool | None = None
+
+
+#: A token bucket for :meth:`Store.claim_and_read`: (key, rate in tokens a second, burst in tokens).
+Bucket = tuple[str, float, int]
 
 
 @runtime_checkable
@@ -54,11 +60,12 @@ class Store(Protocol):
         ...
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
-                             lists: Sequence[str] = ()) -> ClaimRead:
-        """:meth:`get_many` of ``strings``, :meth:`read_all` of each of ``lists`` and
-        :meth:`set_if_absent` of ``key``, in that order, in one round trip (one pipeline on Redis:
-        each command atomic on its own, the group not): a message's claim and what it reads with
-        it (bot/dedup.py, adapters/wechat/passive.py). Raises StoreError when any of them fails."""
+                             lists: Sequence[str] = (), bucket: Bucket | None = None) -> ClaimRead:
+        """:meth:`get_many` of ``strings``, :meth:`read_all` of each of ``lists``, :meth:`set_if_absent`
+        of ``key`` and :meth:`take_token` of ``bucket``, in that order, in one round trip (one
+        transaction on SQLite; one pipeline on Redis: each command atomic on its own, the group not):
+        a message's claim and what it reads with it (bot/dedup.py, adapters/wechat/passive.py).
+        Raises StoreError when any of them fails."""
         ...
 
     async def delete(self, key: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bot.store.base import ClaimRead
+from bot.store.base import Bucket, ClaimRead
 
 
 class MemoryStore:
@@ -52,9 +52,11 @@ class MemoryStore:
         self._values[key] = (value, self._expiry(ttl_s))
         return True
 
-    async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings=(), lists=()) -> ClaimRead:
+    async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings=(), lists=(),
+                             bucket: Bucket | None = None) -> ClaimRead:
         read = [self._text(k) for k in strings], [self._list(k) for k in lists]
-        return ClaimRead(await MemoryStore.set_if_absent(self, key, value, ttl_s), *read)
+        claimed = await MemoryStore.set_if_absent(self, key, value, ttl_s)
+        return ClaimRead(claimed, *read, None if bucket is None else self._take(*bucket))
 
     async def delete(self, key: str) -> None:
         self._values.pop(key, None)
@@ -66,6 +68,9 @@ class MemoryStore:
         return False
 
     async def take_token(self, key: str, rate_per_s: float, burst: int) -> bool:
+        return self._take(key, rate_per_s, burst)
+
+    def _take(self, key: str, rate_per_s: float, burst: int) -> bool:
         now = time.time()
         tokens, last = self._buckets.get(key, (float(burst), now))
         tokens = min(float(burst), tokens + (now - last) * rate_per_s)

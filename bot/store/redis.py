@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from bot.store.base import ClaimRead, StoreError
+from bot.store.base import Bucket, ClaimRead, StoreError
 from bot.store.health import OK, PROBE_KEY, UNREACHABLE, UNWRITABLE
 from bot.store.redis_batch import CommandBatcher
 
@@ -281,21 +281,26 @@ class RedisStore:
         return bool((await self._send(lambda p: p.set(key, value, nx=True, px=None if ttl_s is None else _ms(ttl_s))))[0])
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
-                             lists: Sequence[str] = ()) -> ClaimRead:
-        """``MGET strings``, ``LRANGE 0 -1`` of each list and ``SET key value NX [PX ms]`` in one pipeline."""
+                             lists: Sequence[str] = (), bucket: Bucket | None = None) -> ClaimRead:
+        """``MGET strings``, ``LRANGE 0 -1`` of each list, ``SET key value NX [PX ms]`` and the token
+        bucket's script in one pipeline."""
         def add(pipe: Any) -> None:
             if strings:
                 pipe.mget(list(strings))
             for list_key in lists:
                 pipe.lrange(list_key, 0, -1)
             pipe.set(key, value, nx=True, px=None if ttl_s is None else _ms(ttl_s))
-        replies = await self._call(self.batcher.run(add, bool(strings) + len(lists) + 1))
+            if bucket is not None:
+                pipe.eval(_TAKE_TOKEN, 1, BUCKET_PREFIX + bucket[0], repr(float(bucket[1])), int(bucket[2]))
+        replies = await self._call(self.batcher.run(add, bool(strings) + len(lists) + 1 + (bucket is not None)))
         values = replies.pop(0) if strings else []
+        token = None if bucket is None else replies.pop()
         *found, claimed = replies
-        for reply in (values, claimed, *found):
+        for reply in (values, claimed, token, *found):
             if isinstance(reply, RedisError) and not (reply in found and "WRONGTYPE" in str(reply)):
                 raise self._error(reply) from reply  # (a string at a list key reads as [], as in read_all)
-        return ClaimRead(bool(claimed), list(values), [[] if isinstance(r, RedisError) else list(r) for r in found])
+        return ClaimRead(bool(claimed), list(values), [[] if isinstance(r, RedisError) else list(r) for r in found],
+                         None if token is None else bool(token))
 
     async def delete(self, key: str) -> None:
         """``DEL key`` (no error if absent; buckets are kept)."""
