@@ -299,8 +299,9 @@ class Dispatcher:
             return self._follow_up(inbound, state, session, last, plan.facet.facet, lang, out)
         # "那饮食上呢" after a blood-pressure answer: read it with the last topic's title.
         context = last.title[lang] if plan.with_context else None
+        query = without_medicine_avoided(masked)
         try:
-            found = await retriever.search(without_medicine_avoided(masked), context=context)
+            found = plan.searched.get((query, context)) or await retriever.search(query, context=context)
         except (BusyError, DeadlineExceeded, EngineError) as exc:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
             # inference worker process is restarting). What the rules decided still goes out;

@@ -21,7 +21,7 @@ judge (bot/follow_up_judge.py) whether it asks that or something of its own. Fac
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,6 +29,7 @@ import yaml
 
 from bot.knowledge import FACETS, SEE_DOCTOR, KnowledgeBase, Topic
 from bot.retrieval import Retriever
+from bot.search_cache import SearchResult
 
 RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
 
@@ -69,6 +70,9 @@ class FollowUpPlan:
         cue: the facet cue of a message the judge did not read as a follow-up: answered from the topic
             in context only when, read on its own, the message finds a topic about that facet in
             general (:func:`asks_in_general`) and names no subject of its own.
+        searched: the judge's readings of the message, by (text, context), for the dispatcher's own
+            search of this message to reuse (the retriever's caches do the same across messages,
+            unless ``inference.embedding_cache_size`` is 0).
     """
 
     ask_back: bool = False
@@ -76,6 +80,7 @@ class FollowUpPlan:
     loose: FollowUp | None = None
     with_context: bool = False
     cue: FollowUp | None = None
+    searched: dict[tuple[str, str | None], SearchResult] = field(default_factory=dict, compare=False)
 
 
 def new_subject_of(retriever: Retriever, text: str, topic_id: str) -> str | None:

@@ -85,9 +85,16 @@ async def judge_features(retriever: Retriever, text: str, topic: Topic, lang: st
     Raises:
         inference errors (BusyError, DeadlineExceeded, EngineError) from embedding ``text``.
     """
-    own = await retriever.search(text)
-    ctx = await retriever.search(text, context=topic.title[lang])
-    return features_of(retriever, text, topic.id, cue, own, ctx)
+    return features_of(retriever, text, topic.id, cue, *await judge_readings(retriever, text, topic, lang))
+
+
+async def judge_readings(retriever: Retriever, text: str, topic: Topic, lang: str) -> tuple[SearchResult, SearchResult]:
+    """The two retrieval readings the judge reads: ``text`` alone, and with ``topic``'s title in front.
+
+    Raises:
+        inference errors (BusyError, DeadlineExceeded, EngineError) from embedding ``text``.
+    """
+    return await retriever.search(text), await retriever.search(text, context=topic.title[lang])
 
 
 def features_of(retriever: Retriever, text: str, topic_id: str, cue: tuple[FollowUp, bool], own: SearchResult,
@@ -258,15 +265,18 @@ async def plan_follow_up(text: str, last: Topic | None, lang: str, retriever: Re
     if strict is not None:
         return FollowUpPlan(facet=strict)
     judge: FollowJudge | None = retriever.follow_judge
+    searched: dict[tuple[str, str | None], SearchResult] = {}
     if judge is not None and (cue := read_cue(text)) is not None:
         if (follows := judge.seen.get(key := (text, last.id, lang))) is None:
             try:
-                follows = judge.probability(await judge_features(retriever, text, last, lang, cue))
+                own, ctx = await judge_readings(retriever, text, last, lang)
+                searched = {(text, None): own, (text, last.title[lang]): ctx}
+                follows = judge.probability(features_of(retriever, text, last.id, cue, own, ctx))
                 judge.seen.put(key, follows)
             except (BusyError, DeadlineExceeded, EngineError):
                 follows = 0.0  # read on its own this time; not remembered
         if follows >= FOLLOW_PROBABILITY:
-            return FollowUpPlan(loose=cue[0], with_context=True)
+            return FollowUpPlan(loose=cue[0], with_context=True, searched=searched)
         if follows >= GENERAL_FOLLOW_PROBABILITY:
-            return FollowUpPlan(with_context=is_follow_up(text), cue=cue[0])
-    return FollowUpPlan(with_context=is_follow_up(text))
+            return FollowUpPlan(with_context=is_follow_up(text), cue=cue[0], searched=searched)
+    return FollowUpPlan(with_context=is_follow_up(text), searched=searched)
