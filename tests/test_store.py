@@ -166,6 +166,25 @@ async def test_claim_and_read_reads_strings_and_lists_then_claims_exactly_once(s
     assert short.claimed and (await store.claim_and_read("short", "y", 30)).claimed  # an expired claim is free
 
 
+async def test_claim_and_read_stores_value_if_found_only_when_a_read_finds_something(store):
+    await store.set("a-string", "x")
+    await store.push("a-list", "item", ttl_s=60)
+    await store.push("held", "item", ttl_s=60)
+    await store.set("held", "a string now")  # a list replaced by a string reads as no list
+    empty = await store.claim_and_read("c1", "final", 30, strings=["nope"], lists=["none", "held"], if_found=("busy", 30))
+    assert empty == (True, [None], [[], []], None) and await store.get("c1") == "final"
+    by_string = await store.claim_and_read("c2", "final", 30, strings=["a-string"], lists=["none"], if_found=("busy", 30))
+    assert by_string.strings == ["x"] and await store.get("c2") == "busy"
+    by_list = await store.claim_and_read("c3", "final", 30, strings=["nope"], lists=["a-list"], if_found=("busy", None),
+                                         bucket=("rate:v", 0.001, 1))
+    assert by_list == (True, [None], [["item"]], True) and await store.get("c3") == "busy"
+    short = await store.claim_and_read("c4", "final", 30, lists=["a-list"], if_found=("busy", 0.1))
+    await asyncio.sleep(0.2)
+    assert short.claimed and await store.get("c4") is None  # stored with the if_found TTL
+    again = await store.claim_and_read("c3", "final", 30, lists=["a-list"], if_found=("busy", 30))
+    assert again.claimed is False and await store.get("c3") == "busy"
+
+
 async def test_claim_and_read_takes_from_the_same_bucket_as_take_token(store):
     tokens = [(await store.claim_and_read(f"m{i}", "1", 30, bucket=("rate:u", 0.001, 3))).token for i in range(2)]
     assert tokens == [True, True]

@@ -955,7 +955,7 @@ class BrokenStore(MemoryStore):
     async def set_if_absent(self, key, value, ttl_s=None):
         raise ConnectionError("store down")
 
-    async def claim_and_read(self, key, value, ttl_s=None, strings=(), lists=(), bucket=None):
+    async def claim_and_read(self, key, value, ttl_s=None, strings=(), lists=(), bucket=None, if_found=None):
         raise ConnectionError("store down")
 
 

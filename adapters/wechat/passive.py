@@ -111,12 +111,18 @@ class PassiveDelivery(LateDelivery):
         key = DELIVERED_KEY.format(msgid=inbound.message_id)
         openid = inbound.user_id
         # The claim and what composing reads, in one round trip: the pending answers are then
-        # popped, and unread pages deleted, only where there are some (rarely).
-        found = await self.store.claim_and_read(key, via("composing"), COMPOSING_TTL_S,
-                                                strings=[MORE_KEY.format(openid=openid)],
-                                                lists=[PENDING_KEY.format(openid=openid)])
+        # popped, and unread pages deleted, only where there are some (rarely). An answer of one page
+        # is claimed as delivered at once, unless the same read finds something pending (then the
+        # claim says "composing", and the answer is composed with it and stored after).
+        alone = self._alone(reply)
+        found = await self.store.claim_and_read(
+            key, *((alone.state(), DELIVERY_STATE_TTL_S) if alone else (via("composing"), COMPOSING_TTL_S)),
+            strings=[MORE_KEY.format(openid=openid)], lists=[PENDING_KEY.format(openid=openid)],
+            if_found=(via("composing"), COMPOSING_TTL_S) if alone else None)
         claimed, (more,), (pending,) = found.claimed, found.strings, found.lists
         if claimed:
+            if alone is not None and not pending and more is None:
+                return alone
             out = await self._compose(inbound, reply, pending=bool(pending), more=more is not None)
             await self.store.set(key, out.state(), DELIVERY_STATE_TTL_S)
             return out
@@ -132,6 +138,16 @@ class PassiveDelivery(LateDelivery):
         if out.kind != "none":
             await self.store.set(key, out.state(), DELIVERY_STATE_TTL_S)
         return out
+
+    @staticmethod
+    def _alone(reply: Reply) -> PassiveAnswer | None:
+        """What :meth:`_compose` makes of ``reply`` with nothing pending and no unread pages: its
+        text, when it fits one page; None for a handoff, an empty reply or several pages."""
+        own = strip_invalid_xml_chars(reply.text).strip()
+        if reply.intent is Intent.HANDOFF or not own:
+            return None
+        pages = paginate(own, reply.lang)
+        return PassiveAnswer("text", pages.page(0)) if len(pages.bodies) == 1 else None
 
     async def _state(self, key: str) -> dict[str, Any]:
         """The delivery state at ``key``, waiting up to :data:`COMPOSING_WAIT_S` while it is "composing"."""

@@ -60,11 +60,15 @@ class Store(Protocol):
         ...
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
-                             lists: Sequence[str] = (), bucket: Bucket | None = None) -> ClaimRead:
+                             lists: Sequence[str] = (), bucket: Bucket | None = None,
+                             if_found: tuple[str, float | None] | None = None) -> ClaimRead:
         """:meth:`get_many` of ``strings``, :meth:`read_all` of each of ``lists``, :meth:`set_if_absent`
         of ``key`` and :meth:`take_token` of ``bucket``, in that order, in one round trip (one
         transaction on SQLite; one pipeline on Redis: each command atomic on its own, the group not):
         a message's claim and what it reads with it (bot/dedup.py, adapters/wechat/passive.py).
+
+        ``if_found``: ``(value, ttl_s)`` the claim stores instead when a read finds something (a string,
+        or a list with items), decided atomically with the reads (one Lua script on Redis).
         Raises StoreError when any of them fails."""
         ...
 

@@ -53,8 +53,11 @@ class MemoryStore:
         return True
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings=(), lists=(),
-                             bucket: Bucket | None = None) -> ClaimRead:
+                             bucket: Bucket | None = None, if_found: tuple[str, float | None] | None = None
+                             ) -> ClaimRead:
         read = [self._text(k) for k in strings], [self._list(k) for k in lists]
+        if if_found is not None and (any(v is not None for v in read[0]) or any(read[1])):
+            value, ttl_s = if_found
         claimed = await MemoryStore.set_if_absent(self, key, value, ttl_s)
         return ClaimRead(claimed, *read, None if bucket is None else self._take(*bucket))
 

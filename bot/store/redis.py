@@ -119,6 +119,33 @@ redis.call('DEL', KEYS[1])
 return items
 """
 
+# KEYS[1] the claim, then ARGV[5] string keys, then list keys; ARGV value, its PX ms, the value and PX
+# if a read finds something ('' = no expiry). The reads and the choice of value are atomic with the claim.
+_CLAIM_IF_FOUND = """
+local n = tonumber(ARGV[5])
+local found = false
+local strings = {}
+for i = 1, n do
+  local v = false
+  if redis.call('TYPE', KEYS[1 + i]).ok == 'string' then v = redis.call('GET', KEYS[1 + i]) end
+  if v then found = true end
+  strings[i] = v
+end
+local lists = {}
+for i = n + 2, #KEYS do
+  local items = {}
+  if redis.call('TYPE', KEYS[i]).ok == 'list' then items = redis.call('LRANGE', KEYS[i], 0, -1) end
+  if #items > 0 then found = true end
+  lists[#lists + 1] = items
+end
+local value, px = ARGV[1], ARGV[2]
+if found then value, px = ARGV[3], ARGV[4] end
+local ok
+if px == '' then ok = redis.call('SET', KEYS[1], value, 'NX') else ok = redis.call('SET', KEYS[1], value, 'NX', 'PX', px) end
+if ok then return {1, strings, lists} end
+return {0, strings, lists}
+"""
+
 _FALLBACK = ("or unset HEALTHBOT_STORE_URL to use the embedded SQLite store under the data directory "
              "(one process only)")
 
@@ -281,9 +308,13 @@ class RedisStore:
         return bool((await self._send(lambda p: p.set(key, value, nx=True, px=None if ttl_s is None else _ms(ttl_s))))[0])
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
-                             lists: Sequence[str] = (), bucket: Bucket | None = None) -> ClaimRead:
+                             lists: Sequence[str] = (), bucket: Bucket | None = None,
+                             if_found: tuple[str, float | None] | None = None) -> ClaimRead:
         """``MGET strings``, ``LRANGE 0 -1`` of each list, ``SET key value NX [PX ms]`` and the token
-        bucket's script in one pipeline."""
+        bucket's script in one pipeline; with ``if_found``, the reads and the claim are one script."""
+        if if_found is not None:
+            return await self._claim_if_found(key, (value, ttl_s), strings, lists, bucket, if_found)
+
         def add(pipe: Any) -> None:
             if strings:
                 pipe.mget(list(strings))
@@ -301,6 +332,21 @@ class RedisStore:
                 raise self._error(reply) from reply  # (a string at a list key reads as [], as in read_all)
         return ClaimRead(bool(claimed), list(values), [[] if isinstance(r, RedisError) else list(r) for r in found],
                          None if token is None else bool(token))
+
+    async def _claim_if_found(self, key: str, claim: tuple[str, float | None], strings: Sequence[str],
+                              lists: Sequence[str], bucket: Bucket | None, if_found: tuple[str, float | None]
+                              ) -> ClaimRead:
+        keys = [key, *strings, *lists]
+        (value, ttl_s), (other, other_ttl_s) = claim, if_found
+        def add(pipe: Any) -> None:
+            pipe.eval(_CLAIM_IF_FOUND, len(keys), *keys, value, "" if ttl_s is None else _ms(ttl_s),
+                      other, "" if other_ttl_s is None else _ms(other_ttl_s), len(strings))
+            if bucket is not None:
+                pipe.eval(_TAKE_TOKEN, 1, BUCKET_PREFIX + bucket[0], repr(float(bucket[1])), int(bucket[2]))
+        replies = await self._send(add, 1 + (bucket is not None))
+        claimed, found, read = replies[0]
+        return ClaimRead(bool(claimed), [v for v in found], [list(items) for items in read],
+                         None if bucket is None else bool(replies[1]))
 
     async def delete(self, key: str) -> None:
         """``DEL key`` (no error if absent; buckets are kept)."""

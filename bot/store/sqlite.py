@@ -319,13 +319,16 @@ class SqliteStore:
         return await self._statement(_CLAIM, (key, value, _expiry(ttl_s, now), now)) == 1
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
-                             lists: Sequence[str] = (), bucket: Bucket | None = None) -> ClaimRead:
+                             lists: Sequence[str] = (), bucket: Bucket | None = None,
+                             if_found: tuple[str, float | None] | None = None) -> ClaimRead:
         """The reads and the claim in one transaction (one check of the ``-shm`` file and one commit,
         not three: 56-73 -> 44-49 µs on a 2-core machine)."""
         def body(conn: sqlite3.Connection, now: float) -> ClaimRead:
             found = dict(conn.execute(_GET_MANY.format(",".join("?" * len(strings))), (*strings, now))) if strings else {}
             read = [[v for (v,) in conn.execute(_READ_LIST, (k, now))] for k in lists]
-            claimed = conn.execute(_CLAIM, (key, value, _expiry(ttl_s, now), now)).rowcount == 1
+            hit = if_found is not None and (any(v is not None for v in found.values()) or any(read))
+            stored, ttl = if_found if hit else (value, ttl_s)
+            claimed = conn.execute(_CLAIM, (key, stored, _expiry(ttl, now), now)).rowcount == 1
             token = None if bucket is None else _take_token(conn, now, *bucket)
             return ClaimRead(claimed, [found.get(k) for k in strings], read, token)
 
