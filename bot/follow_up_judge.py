@@ -55,7 +55,7 @@ from safety.pii import mask_pii
 log = structlog.get_logger("healthbot.follow_up_judge")
 
 DATA_DIR = Path(__file__).parent / "follow_up_data"
-#: The judge's inputs, in order (:func:`judge_features`).
+#: The judge's inputs, in order (:func:`features_of`).
 FEATURES = ("own_confidence", "own_gap", "own_context_score", "context_gap", "context_first", "new_subject",
             "length", "tied", "population", "more", "lead", "own_near", "answer_score", "answer_gap", "refers_back")
 #: L2 strength (scikit-learn's C) of the logistic regression, whose two classes weigh the same
@@ -76,20 +76,9 @@ FOLLOW_PROBABILITY = 0.4
 GENERAL_FOLLOW_PROBABILITY = 0.1
 
 
-async def judge_features(retriever: Retriever, text: str, topic: Topic, lang: str, cue: tuple[FollowUp, bool]
-                         ) -> np.ndarray:
-    """float32[len(FEATURES)] for ``text`` (normalized, personal data masked) after ``topic``'s
-    answer in ``lang``; ``cue``: (the facet its cue asks for, whether it ties itself to the last
-    answer), from :func:`bot.follow_up.read_cue`. :func:`features_of` says what they are.
-
-    Raises:
-        inference errors (BusyError, DeadlineExceeded, EngineError) from embedding ``text``.
-    """
-    return features_of(retriever, text, topic.id, cue, *await judge_readings(retriever, text, topic, lang))
-
-
 async def judge_readings(retriever: Retriever, text: str, topic: Topic, lang: str) -> tuple[SearchResult, SearchResult]:
-    """The two retrieval readings the judge reads: ``text`` alone, and with ``topic``'s title in front.
+    """The two retrieval readings the judge reads (:func:`features_of`) of ``text`` (normalized, personal
+    data masked) after ``topic``'s answer in ``lang``: alone, and with the topic's title in front.
 
     Raises:
         inference errors (BusyError, DeadlineExceeded, EngineError) from embedding ``text``.
@@ -187,7 +176,7 @@ class FollowJudge:
     seen: LRUCache[float] = field(default_factory=lambda: LRUCache(0), compare=False, repr=False)
 
     def probability(self, features: np.ndarray) -> float:
-        """P(follows) in [0, 1] for one float32[F] :func:`judge_features` vector."""
+        """P(follows) in [0, 1] for one float32[F] :func:`features_of` vector."""
         return float(self.probabilities(features[None, :])[0])
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:

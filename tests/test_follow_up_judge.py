@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bot.follow_up import FollowUp, read_cue, refers_back
-from bot.follow_up_judge import FEATURES, FOLLOW_PROBABILITY, judge_features, plan_follow_up, training_pairs
+from bot.follow_up_judge import FEATURES, FOLLOW_PROBABILITY, features_of, judge_readings, plan_follow_up, training_pairs
 from inference.batcher import BusyError
 from safety.normalize import normalize
 
@@ -57,7 +57,8 @@ async def test_the_trained_judge_tells_a_follow_up_from_a_question_of_its_own(di
 
     async def p(text: str, topic) -> float:
         t = _norm(text)
-        return judge.probability(await judge_features(retriever, t, topic, "zh", read_cue(t)))
+        own, ctx = await judge_readings(retriever, t, topic, "zh")
+        return judge.probability(features_of(retriever, t, topic.id, read_cue(t), own, ctx))
 
     assert await p("我妈七十多了也睡不好 老人要注意啥", insomnia) >= FOLLOW_PROBABILITY
     assert await p("我爸76了也这样 老年人要注意啥", cold_hands) >= FOLLOW_PROBABILITY
