@@ -120,8 +120,9 @@ return items
 """
 
 # KEYS[1] the claim, then ARGV[5] string keys, then list keys; ARGV value, its PX ms, the value and PX
-# if a read finds something ('' = no expiry). The reads and the choice of value are atomic with the claim.
-_CLAIM_IF_FOUND = """
+# if a read finds something ('' = no expiry). A key of another type reads as absent (as in get_many and
+# read_all). The reads and the choice of value are atomic with the claim.
+_CLAIM_AND_READ = """
 local n = tonumber(ARGV[5])
 local found = false
 local strings = {}
@@ -153,6 +154,16 @@ _FALLBACK = ("or unset HEALTHBOT_STORE_URL to use the embedded SQLite store unde
 def _ms(ttl_s: float) -> int:
     """Seconds → whole milliseconds for PX/PEXPIRE, at least 1 (Redis rejects 0)."""
     return max(1, math.ceil(ttl_s * 1000 - 1e-6))
+
+
+def _px(ttl_s: float | None) -> int | str:
+    """A script's PX argument: whole milliseconds, or '' for no expiry."""
+    return "" if ttl_s is None else _ms(ttl_s)
+
+
+def _take_token_on(pipe: Any, key: str, rate_per_s: float, burst: int) -> None:
+    """Puts :data:`_TAKE_TOKEN` for the bucket at ``key`` on ``pipe``."""
+    pipe.eval(_TAKE_TOKEN, 1, BUCKET_PREFIX + key, repr(float(rate_per_s)), int(burst))
 
 
 def redacted_url(url: str) -> str:
@@ -310,42 +321,18 @@ class RedisStore:
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
                              lists: Sequence[str] = (), bucket: Bucket | None = None,
                              if_found: tuple[str, float | None] | None = None) -> ClaimRead:
-        """``MGET strings``, ``LRANGE 0 -1`` of each list, ``SET key value NX [PX ms]`` and the token
-        bucket's script in one pipeline; with ``if_found``, the reads and the claim are one script."""
-        if if_found is not None:
-            return await self._claim_if_found(key, (value, ttl_s), strings, lists, bucket, if_found)
-
-        def add(pipe: Any) -> None:
-            if strings:
-                pipe.mget(list(strings))
-            for list_key in lists:
-                pipe.lrange(list_key, 0, -1)
-            pipe.set(key, value, nx=True, px=None if ttl_s is None else _ms(ttl_s))
-            if bucket is not None:
-                pipe.eval(_TAKE_TOKEN, 1, BUCKET_PREFIX + bucket[0], repr(float(bucket[1])), int(bucket[2]))
-        replies = await self._call(self.batcher.run(add, bool(strings) + len(lists) + 1 + (bucket is not None)))
-        values = replies.pop(0) if strings else []
-        token = None if bucket is None else replies.pop()
-        *found, claimed = replies
-        for reply in (values, claimed, token, *found):
-            if isinstance(reply, RedisError) and not (reply in found and "WRONGTYPE" in str(reply)):
-                raise self._error(reply) from reply  # (a string at a list key reads as [], as in read_all)
-        return ClaimRead(bool(claimed), list(values), [[] if isinstance(r, RedisError) else list(r) for r in found],
-                         None if token is None else bool(token))
-
-    async def _claim_if_found(self, key: str, claim: tuple[str, float | None], strings: Sequence[str],
-                              lists: Sequence[str], bucket: Bucket | None, if_found: tuple[str, float | None]
-                              ) -> ClaimRead:
+        """One script (:data:`_CLAIM_AND_READ`: the reads, then ``SET key value NX [PX ms]``, or
+        ``if_found``'s value when a read found something), and the token bucket's script, in one pipeline."""
         keys = [key, *strings, *lists]
-        (value, ttl_s), (other, other_ttl_s) = claim, if_found
+        other, other_ttl_s = if_found or (value, ttl_s)
+
         def add(pipe: Any) -> None:
-            pipe.eval(_CLAIM_IF_FOUND, len(keys), *keys, value, "" if ttl_s is None else _ms(ttl_s),
-                      other, "" if other_ttl_s is None else _ms(other_ttl_s), len(strings))
+            pipe.eval(_CLAIM_AND_READ, len(keys), *keys, value, _px(ttl_s), other, _px(other_ttl_s), len(strings))
             if bucket is not None:
-                pipe.eval(_TAKE_TOKEN, 1, BUCKET_PREFIX + bucket[0], repr(float(bucket[1])), int(bucket[2]))
+                _take_token_on(pipe, *bucket)
         replies = await self._send(add, 1 + (bucket is not None))
         claimed, found, read = replies[0]
-        return ClaimRead(bool(claimed), [v for v in found], [list(items) for items in read],
+        return ClaimRead(bool(claimed), list(found), [list(items) for items in read],
                          None if bucket is None else bool(replies[1]))
 
     async def delete(self, key: str) -> None:
@@ -362,7 +349,7 @@ class RedisStore:
         Uses the Redis server's clock. A bucket never seen (or expired because it
         was full again) starts full. Returns True if a token was taken.
         """
-        return bool(await self._script(_TAKE_TOKEN, [BUCKET_PREFIX + key], [repr(float(rate_per_s)), int(burst)]))
+        return bool((await self._send(lambda p: _take_token_on(p, key, rate_per_s, burst)))[0])
 
     async def push(self, key: str, value: str, ttl_s: float | None = None) -> None:
         """``RPUSH`` + ``PEXPIRE`` (or ``PERSIST``) in one Lua script; a string at ``key`` is replaced."""
