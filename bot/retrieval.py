@@ -212,7 +212,12 @@ class Retriever:
         cache = Path(cache_dir) / f"kb-vectors-{key}.npy" if cache_dir else None
         vectors = None
         if cache and cache.exists():
-            vectors = np.load(cache)
+            # Mapped, not read: every serving process of a host (``serve --processes``, replicas
+            # sharing engines/) then scores against one copy in the page cache, which the CPU's
+            # shared cache can hold, not one private copy each (10 MB for 6,700 examples, read
+            # whole for each new question). Read-only; the file is replaced by rename, never
+            # rewritten in place, so a mapping never sees it change.
+            vectors = np.asarray(np.load(cache, mmap_mode="r"))
             if vectors.shape[0] != len(texts) + len(passages):
                 vectors = None
         if vectors is None:

@@ -140,7 +140,7 @@ class SqliteStore:
         self.purge_interval_s = purge_interval_s
         self._closing = asyncio.Lock()
         self._next_purge_at = 0.0
-        self._writes = GroupCommit(self._open_conn, self._used, self._committed, self._error, self._purge_if_due,
+        self._writes = GroupCommit(self._open_conn, self._committed, self._error, self._purge_if_due,
                                    lambda: time.time() >= self._next_purge_at, busy_timeout_s)
         self._write = self._writes.write
         self._commits = 0
@@ -219,10 +219,6 @@ class SqliteStore:
                 raise StoreError(f"SQLite store {self.path}: not used while {problem}")
         return self._conn
 
-    def _used(self) -> None:
-        if self._guard is not None:
-            self._guard.note()
-
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """``work`` (a read, or the schema's transaction) on the event loop's connection; while another
         process keeps it out (``SQLITE_BUSY``), again after short, growing, jittered sleeps, for at
@@ -237,8 +233,6 @@ class SqliteStore:
                 deadline = deadline or now + self.busy_timeout_s
                 if not is_busy(e) or now >= deadline:
                     raise self._error(e) from e
-            finally:
-                self._used()
             sleep, delay = retry_delay(delay, deadline - now)
             await asyncio.sleep(sleep)
 

@@ -78,7 +78,6 @@ class GroupCommit:
 
     Args:
         connection: the connection to use now; raises :class:`StoreError` when closed or unusable.
-        used: called after each use of the connection.
         committed: called after each commit.
         error: turns a ``sqlite3.Error`` into the store's :class:`StoreError`.
         before: runs first inside every transaction (the store's purge when one is due);
@@ -86,11 +85,10 @@ class GroupCommit:
         busy_timeout_s: how long a write may wait for another process's lock.
     """
 
-    def __init__(self, connection: Callable[[], sqlite3.Connection], used: Callable[[], None],
-                 committed: Callable[[], None], error: Callable[[BaseException], StoreError],
+    def __init__(self, connection: Callable[[], sqlite3.Connection], committed: Callable[[], None], error: Callable[[BaseException], StoreError],
                  before: Callable[[sqlite3.Connection, float], None], before_due: Callable[[], bool],
                  busy_timeout_s: float) -> None:
-        self._connection, self._used, self._committed, self._error = connection, used, committed, error
+        self._connection, self._committed, self._error = connection, committed, error
         self._before, self._before_due = before, before_due
         self.busy_timeout_s = busy_timeout_s
         self._queue: list[_Queued] = []  # for the next transaction, in the order made
@@ -118,8 +116,6 @@ class GroupCommit:
             else:
                 self._committed()
                 return result
-            finally:
-                self._used()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(body, future, time.monotonic()))
         if self._flusher is None or self._flusher.done():
@@ -154,8 +150,6 @@ class GroupCommit:
             except Exception as e:  # noqa: BLE001 (closed, unusable, or a lone write's own error: rolled back)
                 _fail(batch, e)
                 continue
-            finally:
-                self._used()
             delay = RETRY_FIRST_S
             self._committed()
             for queued, (ok, value) in zip(batch, outcomes):
