@@ -142,6 +142,12 @@ def test_topic_scope_is_read_off_the_knowledge_base():
     assert scope.uncovered("肾虚怎么补", "longterm.ckd_diet") == "tcm_kidney"
     assert scope.uncovered("肾阳虚手脚冰凉怎么调理", "body.cold_hands_feet") is None
     assert scope.uncovered("慢性肾病饮食注意什么", "longterm.ckd_diet") is None
+    # 试管婴儿 (IVF) names no baby, 玻尿酸 (hyaluronic acid) is not uric acid: a pregnancy topic answers
+    # "试管婴儿怀上了 孕吐厉害", the acne topic "打过玻尿酸 脸上长痘"
+    assert scope.uncovered("做试管婴儿怀孕的 孕吐厉害怎么办", "pregnancy.morning_sickness") is None
+    assert scope.uncovered("打过玻尿酸 最近脸上长痘痘怎么办", "body.acne") is None
+    assert scope.uncovered("婴儿湿疹怎么护理", "body.acne") == "infant"
+    assert scope.uncovered("尿酸高 晚上睡不着怎么办", "sleep.insomnia") == "gout"
 
 
 def test_the_safety_net_travels_in_the_json_and_between_replicas():
