@@ -148,6 +148,10 @@ def test_topic_scope_is_read_off_the_knowledge_base():
     assert scope.uncovered("打过玻尿酸 最近脸上长痘痘怎么办", "body.acne") is None
     assert scope.uncovered("婴儿湿疹怎么护理", "body.acne") == "infant"
     assert scope.uncovered("尿酸高 晚上睡不着怎么办", "sleep.insomnia") == "gout"
+    assert scope.uncovered("每到满月前后就失眠 怎么回事", "sleep.insomnia") is None  # the moon
+    assert scope.uncovered("宝宝刚满月 晚上老哭", "sleep.insomnia") == "infant"
+    assert scope.uncovered("keep getting ulcers in my mouth", "body.mouth_ulcer") is None
+    assert scope.uncovered("living with a stomach ulcer, what should i eat", "nutri.breakfast") == "gastric_disease"
 
 
 def test_the_safety_net_travels_in_the_json_and_between_replicas():
