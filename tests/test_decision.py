@@ -151,6 +151,8 @@ def test_topic_scope_is_read_off_the_knowledge_base():
     assert scope.uncovered("每到满月前后就失眠 怎么回事", "sleep.insomnia") is None  # the moon
     assert scope.uncovered("宝宝刚满月 晚上老哭", "sleep.insomnia") == "infant"
     assert scope.uncovered("keep getting ulcers in my mouth", "body.mouth_ulcer") is None
+    assert scope.uncovered("i have piles of work every night and cant fall asleep", "sleep.insomnia") is None
+    assert scope.uncovered("my piles hurt when i sit", "sleep.insomnia") == "hemorrhoids"
     assert scope.uncovered("living with a stomach ulcer, what should i eat", "nutri.breakfast") == "gastric_disease"
 
 
