@@ -184,3 +184,8 @@ def test_supplements_are_not_named_medicines():
     assert names_medicine("不太想吃降压药 有什么办法")  # a named medicine stays with the doctor
     assert names_medicine("孩子得了手足口病 除了退烧还要吃什么药")  # asks for a medicine: 除了 leaves out the fever
     assert not names_medicine("最近insomnia好严重 有没有不吃药的tips")
+    # English medicine words are whole words: 12 pillow questions of the blind batches were referred
+    assert not names_medicine("wife is 30 weeks pregnant, any tips for pillows or sleeping positions?")
+    assert not names_medicine("i find a bunch of hair on my pillow every morning")
+    assert names_medicine("how many pills can i take") and names_medicine("two doses of tylenol a day")
+    assert names_medicine("which medicines help a cold") and names_medicine("my medications make me sleepy")
