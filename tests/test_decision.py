@@ -177,6 +177,9 @@ def test_supplements_are_not_named_medicines():
     assert names_medicine("我吃的那个氨氯地平能和柚子一起吃吗") and names_medicine("can i take ibuprofen with coffee")
     assert not names_medicine("老人需要补钙片吗") and not names_medicine("should i take vitamin d in winter")
     assert not names_medicine("用刀片划了手臂") and not names_medicine("拍了照片给你看")  # a blade, a photo
+    # "了一大片 / 了一小片" is a patch of skin (or mould), not a tablet: six such questions were referred
+    assert not names_medicine("手背被热油溅了一下 红了一小片 有点刺痛") and not names_medicine("墙角长了一大片黑霉")
+    assert not names_medicine("手肘和膝盖都擦破了一大片") and names_medicine("刚吃了一片止痛片")
     assert not names_medicine("要不要去医院拍个片 还是再等等") and not names_medicine("照张片看看骨头有没有事")  # an X-ray
     assert names_medicine("拍个片 顺便开点止痛片")
     # not wanting medicine, said softly, while asking for other ways (blind batch RR, 2026-12-06): answered
