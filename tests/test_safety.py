@@ -1039,3 +1039,14 @@ def test_the_chest_pain_reply_reads_right_whether_the_pain_is_the_users_or_a_rel
         assert result is not None and result.rule.startswith("heart_attack."), (text, result)
         assert ("the person with the pain" in result.reply) if lang == "en" else ("胸痛的人" in result.reply)
         assert "drive yourself" not in result.reply and "stay with you" not in result.reply
+
+
+@pytest.mark.parametrize("q, rule", [
+    ("diagnosed with ibs, what should i eat or avoid day to day", None),  # a diagnosis had, not asked for
+    ("my son was diagnosed with ehlers-danlos syndrome. what sports are safe for him?", None),
+    ("can you diagnose this rash for me", "diagnosis.diagnosis_en"),
+    ("what's the diagnosis if my knee clicks", "diagnosis.diagnosis_en"),
+    ("i keep getting headaches, do i have a brain tumour", "diagnosis.diagnosis_en"),
+])
+def test_a_diagnosis_already_made_is_context_not_a_request_for_one(q, rule):
+    assert matching_rule(q) == rule
