@@ -193,3 +193,7 @@ def test_supplements_are_not_named_medicines():
     assert not names_medicine("i find a bunch of hair on my pillow every morning")
     assert names_medicine("how many pills can i take") and names_medicine("two doses of tylenol a day")
     assert names_medicine("which medicines help a cold") and names_medicine("my medications make me sleepy")
+    # a tablet computer is no tablet; a tablet to take still is
+    assert not names_medicine("my son is on his tablet all day and his eyes are dry")
+    assert not names_medicine("kids staring at tablets and phones all day") and not names_medicine("ipad or tablet before bed?")
+    assert names_medicine("is the tablet safe in pregnancy") and names_medicine("he has been on the tablets for a month")
