@@ -182,6 +182,9 @@ def test_supplements_are_not_named_medicines():
     assert not names_medicine("手背被热油溅了一下 红了一小片 有点刺痛") and not names_medicine("墙角长了一大片黑霉")
     assert not names_medicine("手肘和膝盖都擦破了一大片") and names_medicine("刚吃了一片止痛片")
     assert not names_medicine("菜上的农药残留怎么洗干净") and names_medicine("喝了农药以后又吃了安眠药")  # a pesticide
+    # hormones that change are no hormone medicine; a hormone to take still is
+    assert not names_medicine("更年期激素变化 晚上老出汗睡不好 怎么调理") and not names_medicine("激素失调 脸上长痘")
+    assert names_medicine("医生让我吃激素 能吃多久") and names_medicine("雌激素下降了 要不要补激素")
     assert not names_medicine("要不要去医院拍个片 还是再等等") and not names_medicine("照张片看看骨头有没有事")  # an X-ray
     assert names_medicine("拍个片 顺便开点止痛片")
     # not wanting medicine, said softly, while asking for other ways (blind batch RR, 2026-12-06): answered
