@@ -85,9 +85,9 @@ class GroupCommit:
         busy_timeout_s: how long a write may wait for another process's lock.
     """
 
-    def __init__(self, connection: Callable[[], sqlite3.Connection], committed: Callable[[], None], error: Callable[[BaseException], StoreError],
-                 before: Callable[[sqlite3.Connection, float], None], before_due: Callable[[], bool],
-                 busy_timeout_s: float) -> None:
+    def __init__(self, connection: Callable[[], sqlite3.Connection], committed: Callable[[], None],
+                 error: Callable[[BaseException], StoreError], before: Callable[[sqlite3.Connection, float], None],
+                 before_due: Callable[[], bool], busy_timeout_s: float) -> None:
         self._connection, self._committed, self._error = connection, committed, error
         self._before, self._before_due = before, before_due
         self.busy_timeout_s = busy_timeout_s
