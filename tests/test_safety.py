@@ -1050,3 +1050,11 @@ def test_the_chest_pain_reply_reads_right_whether_the_pain_is_the_users_or_a_rel
 ])
 def test_a_diagnosis_already_made_is_context_not_a_request_for_one(q, rule):
     assert matching_rule(q) == rule
+
+
+def test_a_worst_ever_headache_with_words_between_head_and_pain_is_an_emergency():
+    from safety.triage import triage
+
+    hit = triage("回来以后头就特别痛 从来没这么痛过 还吐了 现在看东西有重影", "zh")  # blind batch AAA
+    assert hit is not None and "severe_headache" in str(getattr(hit, "rule", hit))
+    assert triage("头有点痛 从来没这么累过", "zh") is None  # mild, and the tiredness is what is new
