@@ -114,7 +114,7 @@ SAFETY_OUTCOMES: Final = Counter(
     "healthbot_safety_outcomes",
     "Safety decisions, by outcome and rule: emergency and crisis (safety.triage red-flag rule, e.g. "
     "cardiac.chest_pain, crisis.plan), refer_doctor (safety.scope reason: diagnosis, dose, prescription, "
-    "stop_medicine, report, medicine_alcohol, side_effects, see_doctor_soon, price), review_blocked (safety.review reason:rule that replaced an answer).",
+    "stop_medicine, report, medicine_alcohol, side_effects, see_doctor_soon, treatment, price), review_blocked (safety.review reason:rule that replaced an answer).",
     ["outcome", "rule"], registry=REGISTRY)
 
 # ---------------------------------------------------------------- model

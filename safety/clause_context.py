@@ -4,7 +4,8 @@ A match is cancelled, in its clause, by a negation before or after it ("没有�
 pain"), the distant past or months ago and over ("去年有过胸痛现在好了"), prevention or a question
 about a condition ("怎么预防煤气中毒", "中风的前兆"), a question of cause ("can anxiety cause
 chest pain"), a symptom that has lasted months or years with nothing new, a doctor's diagnosis
-of something now over ("去医院说是热性惊厥，现在好好的"), a danger told as
+of something now over ("去医院说是热性惊厥，现在好好的"), an event that care has since reached
+("突然昏倒 送到医院查出来是癫痫": see ``_CARE_REACHED``), a danger told as
 a news or media story ("看新闻说有小孩吞了纽扣电池"), or a question of what to do should it
 happen ("what's the right way to do back blows for a choking baby"). Clauses end at
 punctuation and contrast words (但是 / but): a negation never reaches across them.
@@ -109,6 +110,22 @@ _SHORT_CLAUSE = 12  # characters: a following clause this short only qualifies t
 _NEW_OR_SUDDEN = re.compile("又|突然|忽然|突发|今天|刚才|刚刚|加重|越来越|现在|最近|这两天|昨天|"
                             r"\b(?:again|suddenly|today|now|worse|this morning|just now)\b")
 
+# Care already reached after the event: the person was taken to hospital or a doctor has seen it and
+# named it ("突然昏倒 口吐白沫 送到医院查出来是癫痫 这病怎么治", "went to A&E, they diagnosed angina"), and
+# nothing after that says it is going on or has come back. Such a message asks about a condition now in
+# a clinician's hands: the decision head reads it (a referral, with a safety-net line when it finds danger),
+# not the "call 120 now" reply. Real consultation questions of public datasets (2026-12-06, set 5) got
+# that reply for epilepsy and heart disease found this way. Calling an ambulance is not care reached: it
+# may still be on its way ("叫了救护车 现在怎么办").
+_CARE_REACHED = re.compile(
+    "(?:送|带|拉|抬|扶)着?(?:到|去|进)了?(?:医院|急诊)|(?:去|到|上|进)了?(?:医院|急诊)(?:后|以后|之后|才|检查|查|做|看|一查|医生|大夫)|"
+    "住(?:了|过)?院|(?:医生|大夫|医院)(?:检查|看)?(?:后|了)?(?:说|诊断|确诊|告诉)|查出来|确诊|诊断(?:为|是|出)|"
+    r"\b(?:hospitali[sz]ed|admitted to|taken to (?:the )?(?:hospital|er|a&e)|rushed to (?:the )?(?:hospital|er|a&e)|"
+    r"(?:went|go|got) to (?:the )?(?:hospital|er|a&e)|diagnosed|discharged|"
+    r"(?:doctors?|the er|hospital|they) (?:said|told|found))\b")
+_STILL = re.compile("还在|正在|此刻|这会儿|又|再次发作|现在(?:还|正|人|叫|怎么办)|"
+                    r"\b(?:still|again|right now|now (?:he|she|i|they|it)(?:'s| is| are| am| has| can))\b")
+
 # A full stop between digits is a decimal point ("血糖2.8", "38.5度"), not a clause boundary.
 _CLAUSE_SPLIT = re.compile(r"(?:[,;!?，。；！？\n]|(?<!\d)\.|\.(?!\d))+|但是|可是|但|然而|"
                            r"\b(?:but|however|although|though|except)\b")
@@ -132,6 +149,11 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
         return True
     if not_before is not None and not_before.search(before):
         return True
+    if chronic_cancels and not _STILL.search(clause):
+        tail = after + rest[len(clause):]
+        care = _CARE_REACHED.search(tail)
+        if care and not _STILL.search(tail, care.end()):
+            return True
     if _NEG_BEFORE_ZH.search(before) or _NEG_BEFORE_EN.search(before) or _NEG_AFTER_ZH.match(after):
         return True
     if _PREVENT_ZH.search(before) or _PREVENT_EN.search(before) or _ABOUT_AFTER.match(after):

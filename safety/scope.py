@@ -46,7 +46,8 @@ class ScopeResult:
             same day), ``"medicine_alcohol"``, ``"side_effects"``,
             ``"see_doctor_soon"`` (signs that need a doctor within days: a breast
             lump, weight loss without trying, coughing blood, a one-sided blistering
-            rash, abnormal discharge), ``"diagnosis"`` or ``"price"``.
+            rash, abnormal discharge), ``"diagnosis"``, ``"treatment"`` (how or where to
+            treat a named disease) or ``"price"``.
         reply: the refusal in the user's language (Simplified Chinese or
             English): why the bot cannot answer and which department or
             professional to ask; at most 300 characters (far below WeChat's
@@ -163,7 +164,7 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
     Returns:
         A :class:`ScopeResult` with the first matching reason (order of
         :data:`SCOPE_RULES`: stop_medicine, dose, prescription, report, animal_bite,
-        medicine_alcohol, side_effects, see_doctor_soon, diagnosis, price), or
+        medicine_alcohol, side_effects, see_doctor_soon, diagnosis, treatment, price), or
         ``None`` for a question the knowledge base may answer.
     """
     view = normalize(text).text

@@ -523,7 +523,7 @@ def test_wellness_questions_pass_scope(text):
 
 def test_scope_replies_are_short_for_every_reason_and_department():
     from safety.scope import _REPLIES, DEPARTMENTS, refer_reply
-    assert len(_REPLIES) == 10
+    assert len(_REPLIES) == 11
     for reason in _REPLIES:
         for lang in ("zh", "en"):
             for pattern, _, _ in DEPARTMENTS + (("", "", ""),):
@@ -676,6 +676,9 @@ def test_near_misses_of_the_new_red_flags_are_not_emergencies(q):
     ("咳嗽快两个月了 痰里有血丝", "see_doctor_soon", ("呼吸内科",)),
     ("腰上一侧起了一串水疱 火辣辣地疼", "see_doctor_soon", ("皮肤科",)),
     ("can I drink grapefruit juice with my blood pressure pills", "prescription", ("pharmacist",)),
+    ("癫痫已经十几年了 怎么治疗好", "treatment", ("神经内科", "饮食")),
+    ("哪家医院能治胃反流 烧心打嗝四年多了", "treatment", ("消化内科",)),
+    ("what's the best treatment for type 2 diabetes", "treatment", ("diet",)),
 ])
 def test_medicine_interactions_side_effects_and_signs_to_see_a_doctor_soon(q, reason, words):
     result = check_scope(q, normalize(q).lang)
@@ -964,6 +967,20 @@ def test_asking_about_mixing_cleaners_is_not_flagged(q):
                                "我妈老说胸口闷 心电图和彩超都查了没问题 医生说是焦虑 怎么调节情绪"])
 def test_a_diagnosis_now_over_and_chest_pain_examined_and_cleared_are_not_emergencies(q):
     assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["前两天突然意识不清 家里人带着去医院做了检查 查出来是症状性癫痫 这病的原因是什么",
+                               "两天前我叔突然胸闷气短 然后就去医院检查 医生说是冠心病 这病怎么治疗",
+                               "my dad collapsed last week, he was taken to hospital and diagnosed with epilepsy. what causes it?"])
+def test_an_event_care_has_since_reached_is_no_emergency(q):
+    """Real consultation questions (set 5, 2026-12-06): the event is over and a doctor has named it."""
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["我爸突然倒地抽搐 已经叫了救护车 现在怎么办", "孩子抽搐送到医院了 医生说是热性惊厥 现在又抽了",
+                               "my husband was diagnosed with angina and now he has crushing chest pain"])
+def test_an_ambulance_on_its_way_or_a_new_event_after_care_stay_emergencies(q):
+    _assert_kind(q, "emergency")
 
 
 @pytest.mark.parametrize("q", ["孩子刚才抽搐了 医生说是热性惊厥 现在还在抽", "心电图上个月查过都正常 可刚才突然胸口压着疼 出冷汗"])
