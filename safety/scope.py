@@ -177,6 +177,7 @@ _MEDICINE = re.compile(f"{DRUG_ZH}|\\b{DRUG_EN}")
 #: before the medicine rules read the message.
 _NON_DRUG, _XRAY = re.compile(WORDS["non_drug"]), re.compile(WORDS["xray"])
 _NON_DRUG_AVOID, _NON_DRUG_ASK = re.compile(WORDS["non_drug_avoid"]), re.compile(WORDS["non_drug_ask"])
+_REGIMEN, _REGIMEN_ASK, _REGIMEN_KEEP = (re.compile(WORDS[k]) for k in ("regimen", "regimen_ask", "regimen_keep"))
 
 
 def without_non_drug(text: str) -> str:
@@ -189,8 +190,11 @@ def without_non_drug(text: str) -> str:
 def without_medicine_avoided(text: str) -> str:
     """A normalized message without the medicine it asks to do without (``non_drug``; ``non_drug_avoid``
     when the message also asks for other ways, ``non_drug_ask``): what retrieval and the decision head
-    read, so that "感冒了 不想吃药 有什么食疗" reads as the cold question it is, not as one about medicine."""
+    read, so that "感冒了 不想吃药 有什么食疗" reads as the cold question it is, not as one about medicine;
+    and without a medicine already taken told as background to a daily-life question (``regimen``)."""
     text = _NON_DRUG.sub(" ", text)
+    if _REGIMEN_ASK.search(text) and not _REGIMEN_KEEP.search(text):
+        text = _REGIMEN.sub(" ", text)  # a medicine already taken, told as background (``regimen``)
     return " ".join((_NON_DRUG_AVOID.sub(" ", text) if _NON_DRUG_ASK.search(text) else text).split())
 
 
