@@ -1002,6 +1002,13 @@ def test_fetal_movements_waters_sweats_on_insulin_bleeding_still_going_tearing_p
     assert result is not None, match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", ["动一动就一身汗 衣服都湿透了", "遥控器的电池没电了 找不到新的", "i slept badly and didn't wake up until noon",
+                               "I want to sleep and not wake up tired", "35周了 想问问孕晚期吃什么好",
+                               "my grandma fell last year and is fine now, what exercise helps balance"])
+def test_sweat_soaked_clothes_a_flat_battery_sleeping_in_and_a_fall_long_over_are_not_flagged(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
 @pytest.mark.parametrize("q", ["宝宝便秘 拉的时候憋得脸通红 怎么办", "抽血还在抽吗 要等多久", "电池这种东西 孩子可能吞了怎么看出来",
                                "孩子去年发烧抽过一次 医生说是高热惊厥 后来一直挺好的 能预防吗",
                                "家里老人吃饭慢 想提前学一下老人噎住了怎么急救"])
