@@ -13,7 +13,8 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
    crisis reply (a wish not to wake up must never get sleep tips: a gentle crisis reply
    to someone who is only low costs little, a missed one can cost a life);
 2. otherwise danger >= ``danger_net`` sets a safety net: whatever is decided below goes
-   out with a line naming the warning signs and when to call 120 (safety/safety_net.py);
+   out with a line naming the warning signs and when to call 120 (safety/safety_net.py); the
+   crisis line only at p(crisis) >= ``crisis_net``;
    below ``danger_answer`` the answer step reads p(answer) among the non-danger labels,
    p(answer) / (1 - danger), since the net line already speaks to the danger;
 3. a rule greeting, or the head's greeting >= ``greeting``;
@@ -63,6 +64,13 @@ class DecisionConfig:
     #: the same way read 0.64-1.0: they get the same complete crisis reply, whatever this value.
     crisis_sure: float = 0.9
     danger_net: float = 0.12
+    #: P(crisis) a crisis safety-net line needs (the suicide-line sentence under a reply). Below it, where
+    #: the head's danger is mostly crisis, no line is added unless P(emergency) alone reaches ``danger_net``
+    #: (then the warning-signs line). Chosen on the development files (2026-12-06): at ``danger_net`` alone
+    #: 97 of 7,269 lines without danger (1.3 %) got the crisis line ("what's a good breakfast", "thanks, bye
+    #: for now", 三伏贴), most at P(crisis) 0.07-0.25; the five real crises and emergencies that earlier
+    #: had only that line to catch them read 0.25-0.45 (each now also has its red flag). At 0.25: 27.
+    crisis_net: float = 0.25
     #: Danger below which a safety-netted message is answered when p(answer) among the labels other
     #: than emergency and crisis, p(answer) / (1 - danger), reaches ``answer``. Chosen on the
     #: development files (blind A, B, D, H-P, R, safety, dev, real set 4): 16 answerable questions
@@ -153,6 +161,8 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
     if danger >= cfg.danger_full or probs["crisis"] >= cfg.crisis_full:
         return Decision(Intent.EMERGENCY, "head", kind=kind, notes=notes)
     net = kind if danger >= cfg.danger_net else ""
+    if net == "crisis" and probs["crisis"] < cfg.crisis_net:
+        net = "emergency" if probs["emergency"] >= cfg.danger_net else ""
 
     def out(intent: Intent, source: str, fit: float = 0.0, offer: bool = False) -> Decision:
         return Decision(intent, source, safety_net=net, fit=fit, notes=notes, offer=offer)

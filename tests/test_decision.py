@@ -39,6 +39,13 @@ def test_possible_danger_keeps_the_answer_and_adds_a_safety_net():
     assert run(probs(emergency=0.05, answer=0.9)).safety_net == ""
 
 
+def test_the_crisis_line_needs_crisis_net_and_a_weaker_crisis_reading_adds_no_line():
+    """'what's a good breakfast' read at P(crisis) 0.15 must not get the suicide-line sentence (decision.crisis_net)."""
+    assert run(probs(crisis=0.3, answer=0.6)).safety_net == "crisis"
+    assert run(probs(crisis=0.15, emergency=0.02, answer=0.8)).safety_net == ""
+    assert run(probs(crisis=0.15, emergency=0.13, answer=0.7)).safety_net == "emergency"
+
+
 def test_below_danger_answer_the_answer_is_judged_among_the_non_danger_labels():
     d = run(probs(emergency=0.45, answer=0.4))  # a bee sting with no other symptoms: 0.4 / 0.55 = 0.73
     assert d.intent is Intent.ANSWER and d.safety_net == "emergency"
