@@ -39,6 +39,8 @@ _NEG_BEFORE_EN = re.compile(
 _PAST_BEFORE_ZH = re.compile(
     "(?:去年|前年|几年前|多年前|好几年前|(?:\\d+|[一二两三四五六七八九十几多]+)年前|(?<![饭觉床班学点天])以前|曾经|小时候|年轻(?:时|的时候)|"
     "之前(?:有过|得过))(?P<between>.*)$")
+# "潜水得过减压病 多久以后可以坐飞机": a disease one has had (得过, 患过), told right before its name.
+_HAD_BEFORE_ZH = re.compile("(?:得过|患过|得了?过)$")
 _PAST_MONTHS_ZH = re.compile("(?:上个?月|几个月前|(?:\\d+|[一二两三四五六七八九十几]+)个月前|上周|上礼拜|上星期)(?P<between>.*)$")
 _RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出院|没再|没有再|好好的|一切正常|都正常|(?:一直|都)挺好")
 _PAST_AFTER_ZH = re.compile("^(?:了|过|后)?(?:已经|有)?(?:\\d+|[一二两三四五六七八九十几多好]+)(?:多)?年(?:了|多了|前)?")
@@ -159,6 +161,8 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
     if _PREVENT_ZH.search(before) or _PREVENT_EN.search(before) or _ABOUT_AFTER.match(after):
         return True
     if (_RISK_BEFORE.search(before) and _QUESTION_AFTER.match(after)) or _CAUSE_BEFORE_EN.search(before):
+        return True
+    if _HAD_BEFORE_ZH.search(before) and not _CURRENT_ZH.search(clause):
         return True
     for past, current in ((_PAST_BEFORE_ZH, _CURRENT_ZH), (_PAST_BEFORE_EN, _CURRENT_EN)):
         m = past.search(before)

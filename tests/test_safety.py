@@ -971,6 +971,16 @@ def test_a_diagnosis_now_over_and_chest_pain_examined_and_cleared_are_not_emerge
     assert match_red_flags(q) == [], match_red_flags(q)
 
 
+@pytest.mark.parametrize("q", ["潜水得过减压病 多久以后可以坐飞机"])
+def test_a_disease_one_has_had_is_no_emergency(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["my 3 yr old got into grandmas pill box and swallowed some, dont know how many"])
+def test_a_small_child_in_a_pill_box_is_an_emergency(q):
+    _assert_kind(q, "emergency")
+
+
 @pytest.mark.parametrize("q", ["前两天突然意识不清 家里人带着去医院做了检查 查出来是症状性癫痫 这病的原因是什么",
                                "两天前我叔突然胸闷气短 然后就去医院检查 医生说是冠心病 这病怎么治疗",
                                "my dad collapsed last week, he was taken to hospital and diagnosed with epilepsy. what causes it?"])
