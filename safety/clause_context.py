@@ -125,6 +125,7 @@ _CARE_REACHED = re.compile(
     r"\b(?:hospitali[sz]ed|admitted to|taken to (?:the )?(?:hospital|er|a&e)|rushed to (?:the )?(?:hospital|er|a&e)|"
     r"(?:went|go|got) to (?:the )?(?:hospital|er|a&e)|diagnosed|discharged|"
     r"(?:doctors?|the er|hospital|they) (?:said|told|found))\b")
+_CARE_WINDOW = 48  # characters after the event within which the care must be told
 _STILL = re.compile("还在|正在|此刻|这会儿|又|再次发作|现在(?:还|正|人|叫|怎么办)|"
                     r"\b(?:still|again|right now|now (?:he|she|i|they|it)(?:'s| is| are| am| has| can))\b")
 
@@ -152,7 +153,8 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
     if not_before is not None and not_before.search(before):
         return True
     if chronic_cancels and not _STILL.search(clause):
-        tail = after + rest[len(clause):]
+        # told right after the event (a later story of one's own check-up says nothing of it)
+        tail = (after + rest[len(clause):])[:_CARE_WINDOW]
         care = _CARE_REACHED.search(tail)
         if care and not _STILL.search(tail, care.end()):
             return True

@@ -990,6 +990,8 @@ def test_an_event_care_has_since_reached_is_no_emergency(q):
 
 
 @pytest.mark.parametrize("q", ["我爸突然倒地抽搐 已经叫了救护车 现在怎么办", "孩子抽搐送到医院了 医生说是热性惊厥 现在又抽了",
+                               "我爸胸口像压了块石头，一直出冷汗，喘不上气。我今年45岁，最近总是失眠，白天没精神，头也昏昏沉沉的，"
+                               "去医院检查过，医生说没什么大问题",
                                "my husband was diagnosed with angina and now he has crushing chest pain"])
 def test_an_ambulance_on_its_way_or_a_new_event_after_care_stay_emergencies(q):
     _assert_kind(q, "emergency")
