@@ -47,7 +47,7 @@ from typing import Literal
 
 from safety.config import SafetyConfig
 from safety.normalize import normalize, to_user_script
-from safety.clause_context import CANTONESE, cancelled, split_clauses
+from safety.clause_context import CANTONESE, cancelled, sentence_ends, split_clauses
 from safety.red_flag_rules import RedFlag, load_red_flags, load_replies
 from safety.regex_screen import LiteralIndex, all_required_literals, screen
 
@@ -96,12 +96,12 @@ _SCREENS = tuple(tuple(screen(p) for p in patterns) for _flag, patterns, _nb, _e
 _LITERALS = LiteralIndex(all_required_literals(patterns) for _flag, patterns, _nb, _exceptions in _COMPILED)
 
 def _find(pattern: re.Pattern[str], clauses: list[str], not_before: re.Pattern[str] | None,
-          chronic_cancels: bool) -> bool:
+          chronic_cancels: bool, ends: list[int]) -> bool:
     for i, clause in enumerate(clauses):
         next_clause = clauses[i + 1] if i + 1 < len(clauses) else ""
         for m in pattern.finditer(clause):
             if not cancelled(clause, m.start(), m.end(), not_before, " ".join(clauses[i:]), next_clause,
-                              chronic_cancels):
+                              chronic_cancels, " ".join(clauses[i:ends[i]])):
                 return True
     return False
 
@@ -124,6 +124,7 @@ def match_red_flags(text: str) -> list[str]:
     """
     view = normalize(text).text.translate(CANTONESE)
     clauses = split_clauses(view)
+    ends = sentence_ends(view)
     hits = []
     for i in _LITERALS.candidates(view):  # the others lack a string every match contains
         (flag, patterns, not_before, exceptions), screens = _COMPILED[i], _SCREENS[i]
@@ -134,7 +135,7 @@ def match_red_flags(text: str) -> list[str]:
         # Suicidal thoughts are never "chronic"; a baby's age in months is not a duration.
         # Days of diarrhoea, of no bowel movement or of an infection are the point of these flags.
         chronic_cancels = flag.category not in ("crisis", "infant_fever", "pregnancy", "dehydration", "bowel", "sepsis")
-        if all(_find(p, clauses, not_before if i == 0 else None, chronic_cancels) for i, p in enumerate(patterns)):
+        if all(_find(p, clauses, not_before if i == 0 else None, chronic_cancels, ends) for i, p in enumerate(patterns)):
             hits.append(f"{flag.category}.{flag.name}")
     return hits
 
