@@ -17,7 +17,7 @@ import re
 
 from safety.red_flag_rules import gap_zh
 
-__all__ = ["CANTONESE", "cancelled", "sentence_ends", "split_clauses"]
+__all__ = ["CANTONESE", "cancelled", "split_clauses", "split_sentence_clauses"]
 
 
 # Words allowed between a negation and the symptom ("没[什么]胸痛", "不[觉得]胸口疼").
@@ -145,20 +145,22 @@ def split_clauses(text: str) -> list[str]:
     return [c for c in _CLAUSE_SPLIT.split(text) if c and c.strip()]
 
 
-def sentence_ends(text: str) -> list[int]:
-    """For each clause of :func:`split_clauses` ``text``, the index one past the last clause of its sentence."""
+def split_sentence_clauses(text: str) -> tuple[list[str], list[int]]:
+    """:func:`split_clauses` ``text`` (every sentence end is also a clause end), and for each clause the
+    index one past the last clause of its sentence."""
+    clauses: list[str] = []
     ends: list[int] = []
     for sentence in _SENTENCE_SPLIT.split(text):
-        n = len(split_clauses(sentence))
-        ends += [len(ends) + n] * n
-    return ends
+        clauses += split_clauses(sentence)
+        ends += [len(clauses)] * (len(clauses) - len(ends))
+    return clauses, ends
 
 
 def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | None, rest: str,
-               next_clause: str, chronic_cancels: bool, sentence: str | None = None) -> bool:
+               next_clause: str, chronic_cancels: bool, sentence: str) -> bool:
     """True when the context around ``clause[start:end]`` cancels the match; ``rest``
     is the message from this clause on (where "现在好了" may come later), ``sentence`` the
-    rest of this clause's sentence (where care reached after the event is told; default ``rest``)."""
+    rest of this clause's sentence (where care reached after the event is told)."""
     before, after = clause[:start], clause[end:]
     if chronic_cancels and not _NEW_OR_SUDDEN.search(clause) and (
             _CHRONIC.search(after) or _CHRONIC_BEFORE.search(before)
@@ -168,7 +170,7 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
         return True
     if chronic_cancels and not _STILL.search(clause):
         # told in the event's sentence, right after it (a later story of one's own check-up says nothing of it)
-        tail = (after + (rest if sentence is None else sentence)[len(clause):])[:_CARE_WINDOW]
+        tail = (after + sentence[len(clause):])[:_CARE_WINDOW]
         care = _CARE_REACHED.search(tail)
         if care and not _STILL.search(tail, care.end()):
             return True

@@ -47,7 +47,7 @@ from typing import Literal
 
 from safety.config import SafetyConfig
 from safety.normalize import normalize, to_user_script
-from safety.clause_context import CANTONESE, cancelled, sentence_ends, split_clauses
+from safety.clause_context import CANTONESE, cancelled, split_sentence_clauses
 from safety.red_flag_rules import RedFlag, load_red_flags, load_replies
 from safety.regex_screen import LiteralIndex, all_required_literals, screen
 
@@ -123,8 +123,7 @@ def match_red_flags(text: str) -> list[str]:
     any length). For tests and logs; :func:`triage` builds the reply.
     """
     view = normalize(text).text.translate(CANTONESE)
-    clauses = split_clauses(view)
-    ends = sentence_ends(view)
+    clauses, ends = split_sentence_clauses(view)
     hits = []
     for i in _LITERALS.candidates(view):  # the others lack a string every match contains
         (flag, patterns, not_before, exceptions), screens = _COMPILED[i], _SCREENS[i]
