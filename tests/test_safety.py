@@ -1096,3 +1096,26 @@ def test_a_worst_ever_headache_with_words_between_head_and_pain_is_an_emergency(
     hit = triage("回来以后头就特别痛 从来没这么痛过 还吐了 现在看东西有重影", "zh")  # blind batch AAA
     assert hit is not None and "severe_headache" in str(getattr(hit, "rule", hit))
     assert triage("头有点痛 从来没这么累过", "zh") is None  # mild, and the tiredness is what is new
+
+
+@pytest.mark.parametrize("text, fires", [
+    ("嗓子痛，胸闷，是新冠吗 暂时没有别的症状", False),
+    ("这几天喉咙有痰 有时候胸口疼 是肺炎吗", False),
+    ("肌肉酸痛 干咳 胸闷 是什么病", False),
+    ("sore throat and my chest feels tight, is it covid?", False),
+    ("嗓子疼 胸口突然压着疼 出冷汗", True),
+    ("感冒三天了 刚才胸口剧痛 喘不上气", True),
+    ("sore throat since monday, now crushing chest pain and sweating", True)])
+def test_a_colds_signs_explain_chest_discomfort_only_where_nothing_severe_is_told(text, fires):
+    """Real consultation questions of a public dataset (2026-12-06, set 6) got the 120 reply for chest
+    tightness beside a sore throat or phlegm; NHS "Chest pain": often a chest infection."""
+    hits = match_red_flags(text)
+    assert any(h.startswith("heart_attack.chest_pain") for h in hits) is fires
+
+
+@pytest.mark.parametrize("text, fires", [("Absence seizures: does any damage occur from these spells?", False),
+                                         ("petit mal seizures in kids, do they grow out of them", False),
+                                         ("my son is having a seizure right now", True),
+                                         ("she had an absence and then a seizure that won't stop", True)])
+def test_absences_asked_about_are_not_a_seizure_happening_now(text, fires):
+    assert ("seizure.seizure_en" in match_red_flags(text)) is fires
