@@ -1119,3 +1119,20 @@ def test_a_colds_signs_explain_chest_discomfort_only_where_nothing_severe_is_tol
                                          ("she had an absence and then a seizure that won't stop", True)])
 def test_absences_asked_about_are_not_a_seizure_happening_now(text, fires):
     assert ("seizure.seizure_en" in match_red_flags(text)) is fires
+
+
+@pytest.mark.parametrize("q, lang", [("从昨天开始 大便后纸上有血 是内痔吗", "zh"),
+                                     ("嗓子痛，胸闷是新冠肺炎吗", "zh"),
+                                     ("右上腹隐隐痛 吃油腻更明显 是胆结石吗", "zh"),
+                                     ("Having slight itching at throat but no cough. Is it anything related to covid?", "en"),
+                                     ("could this be pneumonia? coughing for a week", "en")])
+def test_is_it_this_disease_asks_for_a_diagnosis(q, lang):
+    result = check_scope(q, lang)
+    assert result is not None and result.reason == "diagnosis", matching_rule(q)
+
+
+@pytest.mark.parametrize("q, lang", [("高血压是遗传的吗", "zh"), ("我是糖尿病人 能吃西瓜吗", "zh"),
+                                     ("how do I protect my parents from covid this winter", "en")])
+def test_a_disease_named_without_asking_what_one_has_is_no_diagnosis_request(q, lang):
+    result = check_scope(q, lang)
+    assert result is None or result.reason != "diagnosis", matching_rule(q)
