@@ -55,7 +55,7 @@ from safety.disclaimer import with_disclaimer
 from safety.normalize import normalize, to_user_script
 from safety.pii import mask_pii, pseudonym
 from safety.review import review
-from safety.safety_net import safety_net
+from safety.safety_net import after_danger_line, safety_net
 from safety.scope import check_scope, has_medicine, names_medicine, refer_reply, without_medicine_avoided
 from safety.triage import crisis_reply, triage
 
@@ -83,9 +83,7 @@ class Dispatcher:
     def __init__(self, cfg: Config, retriever: Retriever, head: DecisionHead, topic_fit: TopicFit,
                  handoff: HandoffManager | None = None, store: Store | None = None):
         self.cfg = cfg
-        self.retriever = retriever
-        self.head = head
-        self.topic_fit = topic_fit
+        self.retriever, self.head, self.topic_fit = retriever, head, topic_fit
         self.store: Store = store if store is not None else MemoryStore()
         self.handoff = handoff or HandoffManager(self.store)
         self.sessions = Sessions(self.store)
@@ -250,13 +248,14 @@ class Dispatcher:
             await self._without_store("handoff_relay", self.handoff.user_message(in_handoff, text), None)
             if urgent is None:
                 return Reply("", Intent.HANDOFF, lang, handoff=True), {"handoff": "relayed"}
-        if urgent is not None:
-            return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind,
-                                                                        **notes}
-        if not await self._within_rate(inbound, state):
-            return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
         session = self.sessions.parse(self._read(state, "session_get",
                                                  self.sessions.key(inbound.channel, inbound.user_id)))
+        if urgent is not None:
+            session.danger = urgent.kind  # a thanks that follows keeps the safety net
+            self._save_session(inbound, state, session)
+            return out(urgent.reply, Intent.EMERGENCY, handoff=True), {"rule": urgent.rule, "kind": urgent.kind, **notes}
+        if not await self._within_rate(inbound, state):
+            return Reply(SLOW_DOWN_REPLY[lang], Intent.SYSTEM, lang), {"rule": "rate_limited"}
         if (choice := answer_to_offer(norm.text)) is not None:  # "是", "2", "不是" to the topics last offered
             offered = offered_topics(self.kb, session.suggested)
             if len(session.offer_form) == 3:  # the reply follows the last offer's language and script
@@ -358,6 +357,8 @@ class Dispatcher:
                     else f"{intent_reply(Intent.EMERGENCY, lang)}\n{safety_net(norm.text, lang, 'emergency', *self.cfg.safety.contacts(lang))[1]}")
             if d.kind == "crisis" and last is not None and probs["crisis"] < self.cfg.decision.crisis_sure:
                 body = f"{body.rstrip()}\n\n{after_crisis_reply(retriever.kb, last, norm.text, lang)}"  # frustration, maybe
+            session.danger = d.kind
+            self._save_session(inbound, state, session)
             return out(body, Intent.EMERGENCY, handoff=True, engine=retriever.encoder.engine_name), {**notes, "kind": d.kind}
         if d.intent is Intent.HANDOFF:
             return await self._handoff(inbound, agents, out, lang, "head")
@@ -367,6 +368,9 @@ class Dispatcher:
         if d.intent is Intent.NO_ANSWER and d.source == "rule" and referral is not None:
             return reply(referral[1], Intent.NO_ANSWER, handoff=True), {**notes, "rule": referral[0]}
         if d.intent is Intent.GREETING:
+            if session.danger:  # "好的谢谢" soon after an emergency reply: what to do if the danger is still there
+                net_line, session.danger = after_danger_line(session.danger, lang, *self.cfg.safety.contacts(lang)), ""
+                self._save_session(inbound, state, session)
             return reply(greeting_reply(norm.text, lang), Intent.GREETING), notes
         if d.intent is Intent.OUT_OF_SCOPE:
             return reply(intent_reply(d.intent, lang), d.intent), notes

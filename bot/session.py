@@ -31,6 +31,9 @@ class Session:
     #: chosen next is answered with it (bot/dispatcher.py); None for its main answer
     offer_facet: str | None = None
     no_answer_streak: int = 0
+    #: the kind of the last emergency reply ("emergency" or "crisis"), until a thanks or goodbye has had
+    #: the reminder of what to do if the danger is still there (safety/safety_net.py); "" for none
+    danger: str = ""
     updated: float = field(default_factory=time.time)
 
 

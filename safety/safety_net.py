@@ -29,12 +29,13 @@ class Family:
     text: dict[str, str]
 
 
-def _load() -> tuple[Family, ...]:
+def _load() -> tuple[tuple[Family, ...], dict[str, dict[str, str]]]:
     data = yaml.load(TABLE.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
-    return tuple(Family(f["id"], re.compile(f["cues"]), {"zh": f["zh"], "en": f["en"]}) for f in data["families"])
+    families = tuple(Family(f["id"], re.compile(f["cues"]), {"zh": f["zh"], "en": f["en"]}) for f in data["families"])
+    return families, data["after_danger"]
 
 
-FAMILIES = _load()
+FAMILIES, _AFTER_DANGER = _load()
 _BY_ID = {f.id: f for f in FAMILIES}
 
 
@@ -58,3 +59,13 @@ def safety_net(text: str, lang: str, kind: str, number: str, crisis_line: str) -
         chosen = [f for f in FAMILIES if f.cues.search(text)][:MAX_FAMILIES] or [_BY_ID["general"]]
     lines = [f.text["zh" if lang == "zh" else "en"].format(number=number, crisis_line=crisis_line) for f in chosen]
     return tuple(f.id for f in chosen), "\n".join(lines)
+
+
+def after_danger_line(kind: str, lang: str, number: str, crisis_line: str) -> str:
+    """The line a thanks or a goodbye gets soon after an emergency (``kind`` ``"emergency"``) or a crisis
+    (``"crisis"``) reply: what to do if the danger is still there (safety/safety_net.yaml ``after_danger``).
+
+    Raises:
+        KeyError: ``kind`` is neither.
+    """
+    return _AFTER_DANGER[kind]["zh" if lang == "zh" else "en"].format(number=number, crisis_line=crisis_line)

@@ -459,3 +459,18 @@ async def test_a_message_reads_its_state_in_one_round_trip_and_writes_it_with_it
     store.calls.clear()
     again = await d.handle(Inbound("wechat", "rt-user", "rt-user", "rt-1", MessageKind.TEXT, "高血压平时运动要注意什么"))
     assert again.text == first.text and store.calls == ["claim_and_read"]
+
+
+@pytest.mark.parametrize("danger, thanks, words", [
+    ("我爸胸口像压了块石头，一直出冷汗", "好的谢谢", "如果还没有叫急救"),
+    ("my dad collapsed and is unresponsive", "ok thanks", "If help has not been called yet"),
+    ("我不想活了 药都攒好了", "谢谢", "12356")])
+async def test_a_thanks_soon_after_an_emergency_reply_keeps_its_safety_net_once(dispatcher, danger, thanks, words):
+    first = await dispatcher.handle(text(danger, user="after-danger-" + thanks))
+    assert first.intent is Intent.EMERGENCY
+    reply = await dispatcher.handle(text(thanks, user="after-danger-" + thanks))
+    assert reply.intent is Intent.GREETING and words in reply.text
+    again = await dispatcher.handle(text(thanks, user="after-danger-" + thanks))
+    assert words not in again.text  # said once; a thanks without an emergency before it has none
+    fresh = await dispatcher.handle(text(thanks))
+    assert words not in fresh.text
