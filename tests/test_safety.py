@@ -1136,3 +1136,9 @@ def test_is_it_this_disease_asks_for_a_diagnosis(q, lang):
 def test_a_disease_named_without_asking_what_one_has_is_no_diagnosis_request(q, lang):
     result = check_scope(q, lang)
     assert result is None or result.reason != "diagnosis", matching_rule(q)
+
+
+@pytest.mark.parametrize("q", ["my father has IBS and is loosing weight day by day", "she keeps losing weight rapidly"])
+def test_weight_falling_fast_is_seen_by_a_doctor_soon(q):
+    result = check_scope(q, "en")
+    assert result is not None and result.reason == "see_doctor_soon", matching_rule(q)
