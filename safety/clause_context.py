@@ -126,7 +126,7 @@ _CARE_REACHED = re.compile(
     r"(?:went|go|got) to (?:the )?(?:hospital|er|a&e)|diagnosed|discharged|"
     r"(?:doctors?|the er|hospital|they) (?:said|told|found))\b")
 _CARE_WINDOW = 48  # characters after the event within which the care must be told
-_STILL = re.compile("还在|正在|此刻|这会儿|又|再次发作|现在(?:还|正|人|叫|怎么办)|"
+_STILL = re.compile("还在|正在|此刻|这会儿|又(?!去|到|上了?医院|带|送|做|查|复查)|再次发作|现在(?:还|正|人|叫|怎么办)|"
                     r"\b(?:still|again|right now|now (?:he|she|i|they|it)(?:'s| is| are| am| has| can))\b")
 
 # A full stop between digits is a decimal point ("血糖2.8", "38.5度"), not a clause boundary.
