@@ -126,8 +126,12 @@ _CARE_REACHED = re.compile(
     r"(?:went|go|got) to (?:the )?(?:hospital|er|a&e)|diagnosed|discharged|"
     r"(?:doctors?|the er|hospital|they) (?:said|told|found))\b")
 _CARE_WINDOW = 48  # characters after the event within which the care must be told
-_STILL = re.compile("还在|正在|此刻|这会儿|又(?!去|到|上了?医院|带|送|做|查|复查)|再次发作|现在(?:还|正|人|叫|怎么办)|"
-                    r"\b(?:still|again|right now|now (?:he|she|i|they|it)(?:'s| is| are| am| has| can))\b")
+_STILL_NOW = ("还在|正在|此刻|这会儿|再次发作|现在(?:还|正|人|叫|怎么办)|"
+              r"\b(?:still|right now|now (?:he|she|i|they|it)(?:'s| is| are| am| has| can))\b")
+# ... and, after the event, 又 / again: it has come back ("现在又抽了"); 又 before the event is the story of a
+# past recurrence ("又突然晕倒后经诊断为肺部感染"), and 又 leading to a hospital visit or a test is care again
+_STILL = re.compile(_STILL_NOW + "|又(?!去|到|上了?医院|带|送|做|查|复查)|\\bagain\\b")
+_STILL_NOW_BEFORE = re.compile(_STILL_NOW)
 
 # A full stop between digits is a decimal point ("血糖2.8", "38.5度"), not a clause boundary.
 _CLAUSE_SPLIT = re.compile(r"(?:[,;!?，。；！？\n]|(?<!\d)\.|\.(?!\d))+|但是|可是|但|然而|"
@@ -168,7 +172,7 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
         return True
     if not_before is not None and not_before.search(before):
         return True
-    if chronic_cancels and not _STILL.search(clause):
+    if chronic_cancels and not _STILL_NOW_BEFORE.search(before) and not _STILL.search(after):
         # told in the event's sentence, right after it (a later story of one's own check-up says nothing of it)
         tail = (after + sentence[len(clause):])[:_CARE_WINDOW]
         care = _CARE_REACHED.search(tail)

@@ -1143,3 +1143,20 @@ def test_a_disease_named_without_asking_what_one_has_is_no_diagnosis_request(q, 
 def test_weight_falling_fast_is_seen_by_a_doctor_soon(q):
     result = check_scope(q, "en")
     assert result is not None and result.reason == "see_doctor_soon", matching_rule(q)
+
+
+@pytest.mark.parametrize("q", ["周五晚上吃了999感冒颗粒和阿莫西林 第二天不发热了 要不要做核酸",
+                               "前两天搬东西，胸口一按就疼，活动没影响",
+                               "嗓子有点干痒 胸口按压疼痛 呼吸正常",
+                               "my chest hurts when I press on my ribs, no other symptoms",
+                               "my 2 year old has a dry cough, hard to tell if he has any trouble breathing, no fever",
+                               "去年底患流感发烧 又突然晕倒后经诊断为肺部感染 住院一周好转出院 复查报告正常吗"])
+def test_a_brand_a_sore_spot_a_possibility_and_a_past_recurrence_are_no_emergency(q):
+    """Real consultation questions of a public dataset (set 6, 2026-12-06) got the 120 reply for these."""
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["我妈吃了30片安眠药", "胸口一按就疼 可是刚才突然压着疼出冷汗", "my son has trouble breathing right now",
+                               "孩子抽搐送到医院了 医生说是热性惊厥 现在又抽了"])
+def test_the_same_words_with_the_danger_still_flag(q):
+    assert match_red_flags(q) != []
