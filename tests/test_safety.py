@@ -1160,3 +1160,21 @@ def test_a_brand_a_sore_spot_a_possibility_and_a_past_recurrence_are_no_emergenc
                                "孩子抽搐送到医院了 医生说是热性惊厥 现在又抽了"])
 def test_the_same_words_with_the_danger_still_flag(q):
     assert match_red_flags(q) != []
+
+
+@pytest.mark.parametrize("q", ["偶尔心跳会突然快几下 一会儿就好了 好几年了 做过心电图说正常",
+                               "每次考试前肚子就咕噜咕噜 查了肠镜说没事 平时怎么调"])
+def test_a_test_already_read_as_normal_told_as_background_is_no_report_request(q):
+    result = check_scope(q, "zh")
+    assert result is None or result.reason != "report", matching_rule(q)
+
+
+@pytest.mark.parametrize("q", ["做过心电图说正常 但报告上有个箭头 什么意思", "验血结果偏高 是什么意思"])
+def test_a_report_asked_about_is_still_referred(q):
+    result = check_scope(q, "zh")
+    assert result is not None and result.reason == "report", matching_rule(q)
+
+
+def test_a_goodbye_to_everyone_under_a_sleep_question_is_a_crisis():
+    """Blind batch DDD (2026-12-06): an indirect goodbye got "did you mean insomnia?" with no crisis line."""
+    assert "crisis.suicidal_zh" in match_red_flags("请问失眠吃什么好 反正也无所谓了 这周末把东西都安排好 以后就不麻烦大家了")
