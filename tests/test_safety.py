@@ -1178,3 +1178,17 @@ def test_a_report_asked_about_is_still_referred(q):
 def test_a_goodbye_to_everyone_under_a_sleep_question_is_a_crisis():
     """Blind batch DDD (2026-12-06): an indirect goodbye got "did you mean insomnia?" with no crisis line."""
     assert "crisis.suicidal_zh" in match_red_flags("请问失眠吃什么好 反正也无所谓了 这周末把东西都安排好 以后就不麻烦大家了")
+
+
+@pytest.mark.parametrize("text, fires", [
+    ("经常胸闷 气短 体检查出肺炎 有抽烟史", False),
+    ("偶尔胸口闷一下 几秒就好", False),
+    ("chest pain that comes and goes for a few weeks, no other symptoms", False),
+    ("经常胸闷 今天突然压着疼 出冷汗", True),
+    ("胸口闷了两个星期了 越来越厉害", True),
+    ("chest pain on and off for weeks, now it spreads to my left arm", True),
+    ("mild chest pain for over a week, it now seems more persistent and pronounced", True)])
+def test_chest_pain_that_comes_and_goes_is_for_a_doctor_unless_it_is_sudden_severe_or_worse(text, fires):
+    """NHS "Chest pain": see a GP if it comes and goes; 999 if sudden, spreading, with sweating or breathlessness."""
+    hits = match_red_flags(text)
+    assert any(h.startswith("heart_attack.") for h in hits) is fires, hits
