@@ -1192,3 +1192,12 @@ def test_chest_pain_that_comes_and_goes_is_for_a_doctor_unless_it_is_sudden_seve
     """NHS "Chest pain": see a GP if it comes and goes; 999 if sudden, spreading, with sweating or breathlessness."""
     hits = match_red_flags(text)
     assert any(h.startswith("heart_attack.") for h in hits) is fires, hits
+
+
+@pytest.mark.parametrize("q, reason", [("Vitelliform Macular Dystrophy: would like more info on possible treatments", "treatment"),
+                                       ("I've got shingles on my side. How is it treated?", "treatment"),
+                                       ("any treatments for dry eyes at home?", None),
+                                       ("I'm 60 and not on any treatment, what should I eat for my blood pressure", None)])
+def test_treatments_asked_for_are_referred_whatever_the_disease(q, reason):
+    result = check_scope(q, "en")
+    assert (result.reason if result is not None else None) == reason, matching_rule(q)
