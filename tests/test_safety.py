@@ -1201,3 +1201,20 @@ def test_chest_pain_that_comes_and_goes_is_for_a_doctor_unless_it_is_sudden_seve
 def test_treatments_asked_for_are_referred_whatever_the_disease(q, reason):
     result = check_scope(q, "en")
     assert (result.reason if result is not None else None) == reason, matching_rule(q)
+
+
+@pytest.mark.parametrize("q, flag", [
+    ("my mom is 78 and she's really confused today, doesnt know where she is and shes burning up with fever. "
+     "what foods can help boost her immune system?", "sepsis.fever_confusion_en"),
+    ("外婆高烧 突然认不出我了 一直昏睡", "sepsis.fever_confusion_zh"),
+    ("请问有什么助眠的方法 最近总睡不着 不过反正以后也不用睡了 给家里人的信我已经写好了", "crisis.suicidal_zh")])
+def test_blind_eee_dangers_told_beside_an_everyday_question_are_flagged(q, flag):
+    """Blind batch EEE (2026-12-06, measured unread first): both got an everyday reply with no safety net."""
+    assert flag in match_red_flags(q), match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["孩子发烧38度 有点蔫 吃什么好", "I had a fever last week and felt a bit confused about which pills to take",
+                               "医生说以后不用吃药了 平时注意什么"])
+def test_a_fever_or_a_plan_without_the_danger_is_not_flagged_by_the_new_rules(q):
+    hits = match_red_flags(q)
+    assert not any(h in hits for h in ("sepsis.fever_confusion_en", "sepsis.fever_confusion_zh", "crisis.suicidal_zh")), hits
