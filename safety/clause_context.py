@@ -125,7 +125,7 @@ _CARE_REACHED = re.compile(
     r"\b(?:hospitali[sz]ed|admitted to|taken to (?:the )?(?:hospital|er|a&e)|rushed to (?:the )?(?:hospital|er|a&e)|"
     r"(?:went|go|got) to (?:the )?(?:hospital|er|a&e)|diagnosed|discharged|"
     r"(?:doctors?|the er|hospital|they) (?:said|told|found))\b")
-_CARE_WINDOW = 48  # characters after the event within which the care must be told
+_CARE_WINDOW = 64  # characters after the event within which the care must be told
 _STILL_NOW = ("还在|正在|此刻|这会儿|再次发作|现在(?:还|正|人|叫|怎么办)|"
               r"\b(?:still|right now|now (?:he|she|i|they|it)(?:'s| is| are| am| has| can))\b")
 # ... and, after the event, 又 / again: it has come back ("现在又抽了"); 又 before the event is the story of a

@@ -984,7 +984,9 @@ def test_a_small_child_in_a_pill_box_is_an_emergency(q):
 @pytest.mark.parametrize("q", ["前两天突然意识不清 家里人带着去医院做了检查 查出来是症状性癫痫 这病的原因是什么",
                                "两天前我叔突然胸闷气短 然后就去医院检查 医生说是冠心病 这病怎么治疗",
                                "my dad collapsed last week, he was taken to hospital and diagnosed with epilepsy. what causes it?",
-                               "留院观察打了七天的头孢 中间出现了胸痛 又去了医院做了肺ct 显示肺气肿 这会引起反复发烧吗"])
+                               "留院观察打了七天的头孢 中间出现了胸痛 又去了医院做了肺ct 显示肺气肿 这会引起反复发烧吗",
+                               "I fainted once when they drew my blood last month, doctor said it was vasovagal and nothing "
+                               "serious. how do I avoid it next time?"])
 def test_an_event_care_has_since_reached_is_no_emergency(q):
     """Real consultation questions (set 5, 2026-12-06): the event is over and a doctor has named it."""
     assert match_red_flags(q) == [], match_red_flags(q)
