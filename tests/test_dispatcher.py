@@ -65,13 +65,17 @@ async def test_asking_for_ways_without_medicine_is_answered_as_the_self_care_que
     assert (reply.intent, reply.topic) == (Intent.ANSWER, topic), reply
 
 
-async def test_a_medicine_already_taken_told_as_background_does_not_refer_a_daily_life_question(dispatcher):
-    """Real consultation questions (public set 5, 2026-12-06): "一直喝药治疗" is background, the question is the diet."""
-    reply = await dispatcher.handle(text("我奶奶查出糖尿病 一直喝药治疗 准备接过来照顾 糖尿病该怎样平衡膳食"))
+@pytest.mark.parametrize("q", ["我奶奶查出糖尿病 一直喝药治疗 准备接过来照顾 糖尿病该怎样平衡膳食",
+                               "I'm on metformin for type 2. What's a good breakfast that won't spike my sugar?"])
+async def test_a_medicine_already_taken_told_as_background_does_not_refer_a_daily_life_question(dispatcher, q):
+    """Real consultation questions (public set 5, 2026-12-06) and a blind batch (2026-12-07): "一直喝药治疗",
+    "I'm on metformin" are background, the question is the diet."""
+    reply = await dispatcher.handle(text(q))
     assert (reply.intent, reply.topic) == (Intent.ANSWER, "chronic.diabetes_diet"), reply
 
 
-@pytest.mark.parametrize("q", ["一直吃着降压药 饮食上能吃西柚吗", "我爸一直吃降压药 平时锻炼会不会影响药效"])
+@pytest.mark.parametrize("q", ["一直吃着降压药 饮食上能吃西柚吗", "我爸一直吃降压药 平时锻炼会不会影响药效",
+                               "I'm on metformin, can I eat bananas with it?", "should I take my metformin daily with breakfast"])
 async def test_a_food_or_the_medicine_itself_asked_beside_a_medicine_taken_is_still_referred(dispatcher, q):
     assert (await dispatcher.handle(text(q))).intent is Intent.REFER_DOCTOR
 
