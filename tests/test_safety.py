@@ -290,6 +290,19 @@ def test_a_burning_feeling_after_something_hot_is_still_a_burn(text):
     assert "burn.large_en" in match_red_flags(text)
 
 
+@pytest.mark.parametrize("text", ["my heart will race and my chest will burn", "chest burning after pizza and beer"])
+def test_a_body_part_that_burns_is_a_feeling_not_a_burn(text):
+    """Real consumer questions (2026-12-07): "my chest will burn" got the burns emergency reply."""
+    assert "burn.large_en" not in match_red_flags(text)
+
+
+@pytest.mark.parametrize("text", ["I have numbness on left side of body, cold hands, feet",
+                                  "the right side of his body went numb"])
+def test_numbness_of_one_named_side_of_the_body_is_a_stroke_sign(text):
+    """NHS "Stroke: symptoms": weakness or numbness on one side of the body; the side may be named."""
+    assert "stroke.arm_en" in match_red_flags(text)
+
+
 # An exception that holds only where nothing severe is told (`unless_mild` with `severe_signs`).
 @pytest.mark.parametrize("text, flag, fires", [
     # breastfeeding or a period explains chest discomfort, not chest pain that is sudden, crushing or sweaty
