@@ -15,8 +15,10 @@ Figures (issue "Answer only what the knowledge base truly answers"):
   safety-net line; full alarms on other lines (false alarms);
 - confidently wrong: replies that are a topic answer where the line wanted another topic
   or no topic at all, as a share of all replies;
-- handoff, greeting and refer_doctor recall; false premises agreed with (a topic answer to
-  a false-premise line labelled other than answer);
+- handoff, greeting and refer_doctor recall; refer_doctor lines sent to a clinician by any
+  reply without self-care (a referral, a no_answer's "please ask a doctor", the emergency reply)
+  and those answered with a topic; false premises agreed with (a topic answer to a false-premise
+  line labelled other than answer);
 - per-intent recall and precision, and a risk-coverage table: for each threshold on the
   reported confidence, the share of lines that would get an answer and the share of those
   answers that are wrong.
@@ -103,6 +105,12 @@ class EvalResult:
             "false_premise_lines": self.false_premises,
             "answer_lines": self.answer_lines,
             "emergency_lines": self.emergency_lines,
+            # refer_doctor lines that got no self-care at all: referred, declined with "please ask a
+            # doctor" (no_answer) or sent to emergency care; and those answered with a topic
+            "refer_to_clinician": _frac(sum(self.confusion[("refer_doctor", g)]
+                                            for g in ("refer_doctor", "no_answer", "emergency")),
+                                        self.recall("refer_doctor")[1]),
+            "refer_answered": self.confusion[("refer_doctor", "answer")],
         }
         for intent in INTENTS:
             hit, n = self.recall(intent)
@@ -223,6 +231,9 @@ def format_report(res: EvalResult) -> str:
         f"lines on them: {s['safety_nets_on_other_lines']})",
         f"confidently wrong      {s['confidently_wrong']:.1%}  (topic answers that miss, share of all replies)",
         f"false premises agreed  {s['false_premises_agreed']} of {s['false_premise_lines']}",
+        f"clinician questions    {_pct(s['refer_to_clinician'], s['lines_refer_doctor'])} sent to a clinician "
+        f"(referred, declined with \"ask a doctor\", or emergency care; {s['lines_refer_doctor']} refer_doctor "
+        f"lines); {s['refer_answered']} answered with a topic",
         "",
         "intent         lines  recall  precision",
     ]
