@@ -57,7 +57,8 @@ async def test_traditional_question_gets_a_traditional_reply(dispatcher):
 
 
 @pytest.mark.parametrize("q, topic", [("感冒了 流鼻涕打喷嚏 不想吃药 有什么食疗吗", "body.common_cold_care"),
-                                      ("便秘好几天了 不想吃药 有什么食疗", "digest.constipation")])
+                                      ("便秘好几天了 不想吃药 有什么食疗", "digest.constipation"),
+                                      ("更年期潮热出汗 没吃药 有什么调理办法", "women.menopause")])
 async def test_asking_for_ways_without_medicine_is_answered_as_the_self_care_question(dispatcher, q, topic):
     """The medicine the user wants to do without is left out of what retrieval and the head read
     (safety/scope.py ``without_medicine_avoided``): before, "吃药" in it drew a referral."""
