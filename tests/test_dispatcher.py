@@ -247,6 +247,14 @@ async def test_groin_questions_no_topic_covers_get_an_honest_no_answer(dispatche
     assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR) and reply.topic is None  # never a wrong topic
 
 
+@pytest.mark.parametrize("q", ["经常遗精 第二天腰酸背痛 怎么办", "how do i deal with an ingrown toenail, it's red on the side"])
+async def test_wet_dreams_and_an_ingrown_toenail_get_no_neighbouring_topic(dispatcher, q):
+    """No topic covers them (bot/topic_scope.yaml groups ``semen``, ``nail_fold``); they got the low-back and
+    the fungal-nail topics (real consumer questions and a blind batch, 2026-12-07)."""
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent in (Intent.NO_ANSWER, Intent.REFER_DOCTOR) and reply.topic is None
+
+
 @pytest.mark.parametrize("q", ["my groin has a red itchy rash", "大腿内侧起红疹子痒"])
 async def test_an_itchy_groin_rash_gets_the_jock_itch_topic_not_hives(dispatcher, q):
     """skin.jock_itch (2026-12-04); before it, the hives topic answered "大腿内侧起红疹子痒". Since the
