@@ -17,7 +17,7 @@ import re
 
 from safety.red_flag_rules import gap_zh
 
-__all__ = ["CANTONESE", "cancelled", "split_clauses", "split_sentence_clauses"]
+__all__ = ["cancelled", "mandarin_view", "split_clauses", "split_sentence_clauses"]
 
 
 # Words allowed between a negation and the symptom ("没[什么]胸痛", "不[觉得]胸口疼").
@@ -139,6 +139,17 @@ _CLAUSE_SPLIT = re.compile(r"(?:[,;!?，。；！？\n]|(?<!\d)\.|\.(?!\d))+|但
 
 # Cantonese → Mandarin words that change a red flag's meaning (透唔到氣 = 透不到气).
 CANTONESE = str.maketrans({"唔": "不", "冇": "没", "咗": "了", "佢": "他", "係": "是", "喺": "在", "嘅": "的", "啲": "些"})
+# ... and phrases, on the text after OpenCC (係 → 系) and the characters above: "叫佢都唔係好應" (barely
+# responds), "講嘢亂晒" (talks nonsense), "冇乜汗" (hardly sweating); a blind batch, 2026-12-07.
+_CANTONESE_PHRASES = {"不系好": "不太", "系咪": "是不是", "但系": "但是", "讲嘢": "说话", "乱晒": "全乱了", "乱晒龙": "全乱了",
+                      "没乜": "没什么"}
+_CANTONESE_PHRASE = re.compile("不系好|系咪|但系(?!统)|讲嘢|乱晒龙|乱晒|没乜")
+
+
+def mandarin_view(normalized: str) -> str:
+    """A normalized message with the Cantonese words that change a red flag's meaning in Mandarin
+    (:data:`CANTONESE`, then phrases): what the red-flag rules read."""
+    return _CANTONESE_PHRASE.sub(lambda m: _CANTONESE_PHRASES[m.group()], normalized.translate(CANTONESE))
 
 
 # A sentence ends at 。！？!? or a line break, or a full stop that is no decimal point.

@@ -47,7 +47,7 @@ from typing import Literal
 
 from safety.config import SafetyConfig
 from safety.normalize import normalize, to_user_script
-from safety.clause_context import CANTONESE, cancelled, split_sentence_clauses
+from safety.clause_context import cancelled, mandarin_view, split_sentence_clauses
 from safety.red_flag_rules import RedFlag, load_red_flags, load_replies
 from safety.regex_screen import LiteralIndex, all_required_literals, screen
 
@@ -122,7 +122,7 @@ def match_red_flags(text: str) -> list[str]:
     ``text`` may be the original message or its normalized form (characters,
     any length). For tests and logs; :func:`triage` builds the reply.
     """
-    view = normalize(text).text.translate(CANTONESE)
+    view = mandarin_view(normalize(text).text)
     clauses, ends = split_sentence_clauses(view)
     hits = []
     for i in _LITERALS.candidates(view):  # the others lack a string every match contains

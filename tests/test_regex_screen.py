@@ -8,7 +8,7 @@ import re
 import pytest
 
 from safety import triage
-from safety.clause_context import CANTONESE, split_clauses
+from safety.clause_context import mandarin_view, split_clauses
 from safety.regex_screen import LiteralIndex, relax, required_literals, screen
 
 
@@ -45,7 +45,7 @@ def test_every_red_flag_screen_finds_what_its_pattern_finds_in_a_clause():
             if relaxed is None:
                 continue
             for text in examples:
-                view = triage.normalize(text).text.translate(CANTONESE)
+                view = mandarin_view(triage.normalize(text).text)
                 if any(pattern.search(c) for c in split_clauses(view)):
                     assert relaxed.search(view), (flag.name, pattern.pattern, text)
                     checked += 1
@@ -77,7 +77,7 @@ def test_the_literal_index_rules_out_only_flags_that_cannot_match():
     """Every red flag's literals appear in every text where the flag's patterns match a clause."""
     examples = [f.example for f in triage.RED_FLAGS if f.example]
     for text in examples:
-        view = triage.normalize(text).text.translate(CANTONESE)
+        view = mandarin_view(triage.normalize(text).text)
         candidates = set(triage._LITERALS.candidates(view))
         for i, (flag, patterns, _nb, _unless) in enumerate(triage._COMPILED):
             if all(any(p.search(c) for c in split_clauses(view)) for p in patterns):
