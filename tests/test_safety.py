@@ -290,12 +290,6 @@ def test_a_burning_feeling_after_something_hot_is_still_a_burn(text):
     assert "burn.large_en" in match_red_flags(text)
 
 
-@pytest.mark.parametrize("text", ["my heart will race and my chest will burn", "chest burning after pizza and beer"])
-def test_a_body_part_that_burns_is_a_feeling_not_a_burn(text):
-    """Real consumer questions (2026-12-07): "my chest will burn" got the burns emergency reply."""
-    assert "burn.large_en" not in match_red_flags(text)
-
-
 @pytest.mark.parametrize("text", ["I have numbness on left side of body, cold hands, feet",
                                   "the right side of his body went numb"])
 def test_numbness_of_one_named_side_of_the_body_is_a_stroke_sign(text):
@@ -327,6 +321,9 @@ def test_numbness_of_one_named_side_of_the_body_is_a_stroke_sign(text):
     ("我在烧开水 壶被孩子碰翻了 开水浇在他大腿上 大面积红肿", "burn.large_zh", True),
     ("my stomach has a burning feeling all over after a big meal", "burn.large_en", False),
     ("hot oil splashed on her face and she says it feels like burning", "burn.large_en", True),
+    # a body part that burns (real consumer questions, 2026-12-07: "my chest will burn" got the burns reply)
+    ("my heart will race and my chest will burn", "burn.large_en", False),
+    ("chest burning after pizza and beer", "burn.large_en", False),
 ])
 def test_a_mild_exception_cancels_a_flag_only_where_no_severe_sign_is_told(text, flag, fires):
     assert (flag in match_red_flags(text)) is fires
