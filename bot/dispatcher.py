@@ -31,8 +31,9 @@ from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
 from bot.dedup import ExactlyOnce, MessageState, OnceCache, message_key
-from bot.follow_up import (SEE_DOCTOR, FollowUpPlan, after_crisis_reply, ask_back_reply, asks_in_general, follow_up_reply, has_facet,
-                           more_reply, new_subject_of, read_follow_up, read_named_facet)
+from bot.follow_up import (FACET_AFTER_REFERRAL, SEE_DOCTOR, FollowUpPlan, after_crisis_reply, ask_back_reply,
+                           asks_in_general, below_referral, follow_up_reply, has_facet, more_reply, new_subject_of,
+                           read_follow_up, read_named_facet)
 from bot.follow_up_judge import plan_follow_up
 from bot.handoff import HandoffManager
 from bot.intents import (BUSY_REPLY, HANDOFF_ENDED_REPLY, HANDOFF_UNAVAILABLE_REPLY, SLOW_DOWN_REPLY, VOICE_OFF_REPLY,
@@ -129,8 +130,7 @@ class Dispatcher:
 
         Never raises for bad input or an overloaded pool: those become polite replies.
         A retry answered without computing (in flight here, or stored by any replica) counts in
-        ``healthbot_dedup_hits_total``.
-        """
+        ``healthbot_dedup_hits_total``."""
         computed = False
 
         def compute(state: MessageState):
@@ -157,13 +157,10 @@ class Dispatcher:
             return None
 
     async def _timed(self, inbound: Inbound, state: MessageState) -> Reply:
-        """``_decide`` plus one log line and the request metrics (bot/metrics.py) per computed message.
-
-        The line (event ``reply``) carries ``request_id`` (bound here when the channel
-        bound none), channel, intent, topic, confidence, engine, input length in
-        characters, latency in ms, outcome and the decision's details; bot/logs.py masks
-        personal data in it. A question the bot could not answer is recorded (bot/unanswered.py).
-        """
+        """``_decide`` plus one log line (event ``reply``: ``request_id``, bound here when the channel bound
+        none, channel, intent, topic, confidence, engine, input length in characters, latency in ms, outcome
+        and the decision's details; bot/logs.py masks personal data in it) and the request metrics
+        (bot/metrics.py) per computed message. A question the bot could not answer is recorded (bot/unanswered.py)."""
         with ensure_request_id():
             metrics.REQUESTS_IN_FLIGHT.inc()
             start = time.perf_counter()
@@ -178,8 +175,7 @@ class Dispatcher:
                 raise
             finally:
                 metrics.REQUESTS_IN_FLIGHT.dec()
-            latency_s = time.perf_counter() - start
-            latency_ms = latency_s * 1000.0
+            latency_ms = (latency_s := time.perf_counter() - start) * 1000.0
             reply = Reply(**{**reply.__dict__, "latency_ms": latency_ms})
             outcome = metrics.request_outcome(reply.intent.value, extra)
             metrics.observe_request(inbound.channel, outcome, latency_s)
@@ -220,7 +216,7 @@ class Dispatcher:
                 body = with_disclaimer(body, lang)
             return Reply(to_user_script(body, norm.script, norm.variant), intent, lang, **kw)
 
-        if inbound.kind is MessageKind.SUBSCRIBE:
+        if inbound.kind is MessageKind.SUBSCRIBE or inbound.kind is MessageKind.TEXT and not norm.text.strip():
             return out(intent_reply(Intent.GREETING, lang), Intent.GREETING), {}
         if inbound.kind is MessageKind.EVENT:
             return Reply("", Intent.SYSTEM, lang), {}
@@ -234,8 +230,6 @@ class Dispatcher:
             if inbound.raw.get("type") == "voice":
                 return Reply(VOICE_OFF_REPLY[lang], Intent.SYSTEM, lang), {"unsupported": "voice"}
             return Reply(unsupported_reply(lang), Intent.SYSTEM, lang), {"unsupported": inbound.raw.get("type")}
-        if not norm.text.strip():
-            return out(intent_reply(Intent.GREETING, lang), Intent.GREETING), {}
 
         urgent = triage(norm.text, lang, self.cfg.safety)
         if urgent is None and is_end_handoff(norm):  # "结束人工", "end chat": the bot takes the chat back
@@ -284,8 +278,10 @@ class Dispatcher:
         # Personal data (a phone number, an ID) says nothing about the question and pulls the
         # embedding toward "call me": the follow-up reading, retrieval and the head read it masked.
         masked = mask_pii(norm.text)
-        plan = (await plan_follow_up(masked, last, lang, retriever) if intent is None and scope is None
-                and referral is None else FollowUpPlan())
+        # a medicine or diagnosis question ("我在喂奶 能吃感冒药吗" after a cold) is referred, the facet below
+        plan = (await plan_follow_up(masked, last, lang, retriever, referred=scope is not None)
+                if intent is None and referral is None and (scope is None or scope.reason in FACET_AFTER_REFERRAL)
+                else FollowUpPlan())
         if plan.ask_back:  # a follow-up with no topic answered before it: ask, don't guess
             offered = offered_topics(retriever.kb, session.suggested)
             if offered and (asked := read_follow_up(masked)) is not None:  # ... but topics were just offered
@@ -364,7 +360,10 @@ class Dispatcher:
             return await self._handoff(inbound, agents, out, lang, "head")
         if d.intent is Intent.REFER_DOCTOR:
             body = scope.reply if scope is not None and d.source == "rule" else refer_reply("prescription" if has_medicine(norm.text) else "diagnosis", lang, norm.text)
-            return reply(body, Intent.REFER_DOCTOR), {**notes, "rule": scope.reason if scope and d.source == "rule" else "head"}
+            if (below := below_referral(last, plan.loose, lang) if d.source != "head" else None) is not None:
+                body, notes["follow_up"] = f"{body}\n\n{below}", plan.loose.facet
+            return reply(body, Intent.REFER_DOCTOR, topic=last.id if below else None), {
+                **notes, "rule": scope.reason if scope and d.source == "rule" else "head"}
         if d.intent is Intent.NO_ANSWER and d.source == "rule" and referral is not None:
             return reply(referral[1], Intent.NO_ANSWER, handoff=True), {**notes, "rule": referral[0]}
         if d.intent is Intent.GREETING:

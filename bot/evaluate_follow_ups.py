@@ -130,7 +130,8 @@ def _contains(reply_text: str, text: str) -> bool:
 
 
 def _given(dispatcher: Dispatcher, topic, facet: str, lang: str, first: str, second) -> bool:
-    if second.intent is not Intent.ANSWER:
+    # a referral counts where it carries the facet below it (bot/follow_up.py below_referral), never for "more"
+    if second.intent is not Intent.ANSWER and (second.intent is not Intent.REFER_DOCTOR or facet == "more"):
         return False
     if facet == "more":
         return second.text != first and not _contains(second.text, topic.answer[lang])

@@ -45,6 +45,10 @@ CUE_MAX_CHARS = 60
 CUE_MAX_WORDS = 24
 #: Longest message read with the topic in context, characters.
 FOLLOW_UP_MAX_CHARS = 24
+#: Referral reasons (safety/scope_rules.yaml) below which what the topic in context says for the facet asked
+#: may follow (:func:`below_referral`): which medicine may be taken, and what it is. Never below a dose or a
+#: stop-or-change-your-medicine question: that referral stands alone.
+FACET_AFTER_REFERRAL = frozenset({"prescription", "diagnosis"})
 
 
 @dataclass(frozen=True)
@@ -346,6 +350,21 @@ def after_crisis_reply(kb: KnowledgeBase, topic: Topic, text: str, lang: str) ->
     if lang == "zh":
         return f"另外，关于你前面问的「{topic.title['zh']}」：\n{body}"
     return f"And on what you asked about \u201c{topic.title['en']}\u201d earlier:\n{body}"
+
+
+def below_referral(topic: Topic | None, asked: FollowUp | None, lang: str) -> str | None:
+    """What goes below the referral of a medicine or diagnosis question that the follow-up judge read as
+    asking about ``topic``, the topic just answered ("我在喂奶 能吃感冒药吗" after a cold answer): that topic's
+    own text for the facet asked (``asked``: breastfeeding, children, elders, causes, when to see a doctor...),
+    after a line that ties it to the earlier question. ``None`` without a topic or a facet, or where the topic
+    has no text of its own for it. Never instead of the referral."""
+    if topic is None or asked is None or asked.facet is None or (
+            asked.facet != SEE_DOCTOR and asked.facet not in topic.facets):
+        return None
+    body = facet_reply(topic, asked.facet, lang)[0]
+    if lang == "zh":
+        return f"另外，接着你前面问的「{topic.title['zh']}」：\n{body}"
+    return f"And on \u201c{topic.title['en']}\u201d, which you asked about before:\n{body}"
 
 
 def ask_back_reply(lang: str) -> str:

@@ -63,7 +63,7 @@ FEATURES = ("own_confidence", "own_gap", "own_context_score", "context_gap", "co
 #: and the standalone-question guard (bot/follow_up_data/README.md).
 C = 1.0
 #: Bumped when features or training change, so cached judges are not reused.
-JUDGE_VERSION = "2"
+JUDGE_VERSION = "3"
 #: P(follows) from which a message with a cue is answered from the topic in context; chosen on
 #: follow-up sets 1-5 and the standalone-question guard (bot/follow_up_data/README.md).
 FOLLOW_PROBABILITY = 0.4
@@ -237,9 +237,13 @@ class FollowJudge:
         return replace(judge, seen=LRUCache(retriever.results.size))
 
 
-async def plan_follow_up(text: str, last: Topic | None, lang: str, retriever: Retriever) -> FollowUpPlan:
+async def plan_follow_up(text: str, last: Topic | None, lang: str, retriever: Retriever, *,
+                         referred: bool = False) -> FollowUpPlan:
     """How to read ``text`` (normalized, personal data masked) given the topic answered last in
-    ``lang`` (``None``: none in the last 30 minutes).
+    ``lang`` (``None``: none in the last 30 minutes). ``referred``: a scope rule already refers the
+    message (a medicine or diagnosis question): only the facet the judge reads as following the topic
+    (``loose``, for below the referral: bot/follow_up.py ``below_referral``), never a facet reply or a
+    question back instead of the referral.
 
     - a bare facet cue ("那饮食上呢", bot/follow_up.py :func:`~bot.follow_up.read_follow_up`): that
       facet of the topic in context, or with no topic a question back;
@@ -248,9 +252,9 @@ async def plan_follow_up(text: str, last: Topic | None, lang: str, retriever: Re
       its own when it does not, when no judge is loaded, or when the encoder cannot serve;
     - a message that opens as a continuation ("那夏天呢"): retrieval reads it with the topic.
     """
-    strict = read_follow_up(text)
+    strict = None if referred else read_follow_up(text)
     if last is None:
-        return FollowUpPlan(ask_back=strict is not None or is_bare_follow_up(text))
+        return FollowUpPlan(ask_back=not referred and (strict is not None or is_bare_follow_up(text)))
     if strict is not None:
         return FollowUpPlan(facet=strict)
     judge: FollowJudge | None = retriever.follow_judge
@@ -265,7 +269,7 @@ async def plan_follow_up(text: str, last: Topic | None, lang: str, retriever: Re
             except (BusyError, DeadlineExceeded, EngineError):
                 follows = 0.0  # read on its own this time; not remembered
         if follows >= FOLLOW_PROBABILITY:
-            return FollowUpPlan(loose=cue[0], with_context=True, searched=searched)
-        if follows >= GENERAL_FOLLOW_PROBABILITY:
+            return FollowUpPlan(loose=cue[0], with_context=not referred, searched=searched)
+        if follows >= GENERAL_FOLLOW_PROBABILITY and not referred:
             return FollowUpPlan(with_context=is_follow_up(text), cue=cue[0], searched=searched)
-    return FollowUpPlan(with_context=is_follow_up(text), searched=searched)
+    return FollowUpPlan(with_context=is_follow_up(text) and not referred, searched=searched)

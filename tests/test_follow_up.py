@@ -321,6 +321,56 @@ async def test_a_crisis_reply_the_head_was_unsure_of_keeps_the_answer_asked_for_
     assert reply.intent is Intent.EMERGENCY and "12356" in reply.text and "另外" not in reply.text
 
 
+@pytest.mark.parametrize("text, facet, back", [
+    ("是不是压力大引起的", "causes", True), ("跟我老熬夜有关系吗", "causes", True), ("是熬夜熬的吗 还是缺啥", "causes", True),
+    ("could it be from all the coffee i drink?", "causes", True), ("is it cuz im not drinking enough water?", "causes", True),
+    ("我有关节炎 能跑步吗", "activity", False), ("失眠跟压力有关系吗", "causes", False)])
+def test_asking_whether_something_causes_it_is_a_causes_cue_that_points_back(text, facet, back):
+    """"是压力大搞的吗" after a hair-loss answer asks whether the hair loss comes from stress: a causes cue,
+    and a message that leaves out what it is about (the judge's ``refers_back``); "有关节炎" is no "有关"."""
+    from bot.follow_up import read_cue, refers_back
+    from safety.normalize import normalize
+    norm = normalize(text).text
+    assert read_cue(norm)[0].facet == facet and refers_back(norm) is back
+
+
+@pytest.mark.parametrize("first, topic, second", [
+    ("最近头发掉得厉害 怎么办", "body.hair_loss", "是不是压力大引起的"),
+    ("手脚冰凉怎么办", "body.cold_hands_feet", "跟我老熬夜有关系吗"),
+    ("my stomach is bloated every evening", "digest.bloating", "could it be from all the coffee I drink?")])
+async def test_asking_whether_something_causes_it_gets_the_causes_of_the_topic_just_answered(dispatcher, first, topic,
+                                                                                                second):
+    user = f"cause-{topic}"
+    assert (await dispatcher.handle(_msg(user, 1, first))).topic == topic
+    reply = await dispatcher.handle(_msg(user, 2, second))
+    t, lang = dispatcher.kb.topics[topic], "en" if first.isascii() else "zh"
+    assert reply.topic == topic and t.facet_text("causes", lang)[:20] in reply.text, reply.text
+
+
+@pytest.mark.parametrize("first, topic, second, facet", [
+    ("感冒了 鼻涕流个不停 嗓子也有点疼 怎么办", "body.common_cold_care", "我在喂奶 能吃感冒药吗", "pregnancy"),
+    ("长湿疹了 痒死了", "skin.eczema_adult", "怀孕期间能用药膏吗", "pregnancy")])
+async def test_a_medicine_question_about_the_topic_just_answered_gets_the_referral_then_that_topics_facet(
+        dispatcher, first, topic, second, facet):
+    """Which medicine may be taken stays a referral, first and whole; below it goes what the topic just
+    answered says for who asks (blind follow-up sets 10-17: "我在喂奶 能吃感冒药吗" after a cold answer).
+    The same question after an unrelated topic, and a dose question, get the referral alone."""
+    user = f"ref-{topic}"
+    assert (await dispatcher.handle(_msg(user, 1, first))).topic == topic
+    reply = await dispatcher.handle(_msg(user, 2, second))
+    t = dispatcher.kb.topics[topic]
+    assert reply.intent is Intent.REFER_DOCTOR and reply.topic == topic, reply
+    referral_at, facet_at = reply.text.find("不能推荐药物"), reply.text.find(t.facet_text(facet, "zh")[:20])
+    assert 0 <= referral_at < facet_at and "另外，接着你前面问的「" in reply.text, reply.text
+    assert t.answer["zh"][:20] not in reply.text
+    assert (await dispatcher.handle(_msg(user + "-other", 1, "失眠怎么调理"))).topic == "sleep.insomnia"
+    other = await dispatcher.handle(_msg(user + "-other", 2, "我家孩子发烧能吃布洛芬吗"))
+    assert other.intent is Intent.REFER_DOCTOR and other.topic is None and "另外" not in other.text, other.text
+    assert (await dispatcher.handle(_msg(user + "-dose", 1, first))).topic == topic
+    dose = await dispatcher.handle(_msg(user + "-dose", 2, "我在喂奶 感冒药一次吃几片"))
+    assert dose.intent is Intent.REFER_DOCTOR and "另外" not in dose.text, dose.text
+
+
 async def test_danger_told_in_a_second_turn_is_always_caught(dispatcher):
     """Blind two-turn set BF (evals/danger_follow_ups.jsonl, 2026-12-06): a crisis or an emergency told
     after an everyday answer gets the crisis or emergency reply or a safety-net line, every one; of 70
