@@ -388,6 +388,17 @@ def test_iron_taken_as_prescribed_or_asked_about_is_not_flagged(text):
     assert match_red_flags(text) == []
 
 
+@pytest.mark.parametrize("text, flagged", [
+    ("便秘一个星期了 香蕉吃了一堆也没用 真的崩溃", False), ("荔枝吃了二十多个 会上火吗", False), ("饺子吃了三十个 撑得难受", False),
+    ("今天吃了一大把瓜子 嗓子疼", False), ("减肥期间吃了大量水果 正常吗", False), ("she ate a whole box of chocolates", False),
+    ("奶奶吃了30片", True), ("孩子吞了十几粒 现在很困", True), ("吃了一堆感冒药 头晕", True), ("服了大量 现在昏昏沉沉", True),
+    ("my son ate a whole bottle of childrens tylenol", True), ("he ate the whole pack of my pills", True)])
+def test_many_of_something_eaten_is_an_overdose_only_when_it_is_a_medicine(text, flagged):
+    """Food is eaten by the handful too: an amount is an overdose where a medicine is named, tablets were
+    counted or the verb is 服 (rules.yaml overdose_amount_zh, overdose_en; a blind batch, 2026-12-07)."""
+    assert any(f.startswith("poisoning.") for f in match_red_flags(text)) is flagged
+
+
 @pytest.mark.parametrize("text, fires", [("crushing chest pain and sweating since I started coughing", True),
                                          ("chest pain since I started coughing and it spreads to my jaw", True),
                                          ("my chest hurts when I cough", False),
