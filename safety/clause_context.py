@@ -44,7 +44,8 @@ _HAD_BEFORE_ZH = re.compile("(?:得过|患过|得了?过)$")
 _PAST_MONTHS_ZH = re.compile("(?:上个?月|几个月前|(?:\\d+|[一二两三四五六七八九十几]+)个月前|上周|上礼拜|上星期)(?P<between>.*)$")
 _RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出院|没再|没有再|好好的|一切正常|都正常|(?:一直|都)挺好")
 _PAST_AFTER_ZH = re.compile("^(?:了|过|后)?(?:已经|有)?(?:\\d+|[一二两三四五六七八九十几多好]+)(?:多)?年(?:了|多了|前)?")
-_CURRENT_ZH = re.compile("又|再次|现在|今天|今早|今晚|刚才|刚刚|突然|这会儿|此刻|目前|最近|这两天|昨天|昨晚|今儿")
+# (又 in a story about others is not now: "看新闻说云南又有人吃菌子中毒")
+_CURRENT_ZH = re.compile("又(?!有人|有一|一个|一家|一起)|再次|现在|今天|今早|今晚|刚才|刚刚|突然|这会儿|此刻|目前|最近|这两天|昨天|昨晚|今儿")
 # "when he was 18 months", "when I was little": an age the person has left behind.
 _AS_A_CHILD_EN = r"when (?:he|she|i|they|we|my \w+) (?:was|were) (?:\d+|a baby|a toddler|little|small|a kid|a child|tiny)"
 _PAST_BEFORE_EN = re.compile(
@@ -65,7 +66,7 @@ _CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|ri
 # A danger told as a news or media story, or asked about as knowledge (what to do should it
 # happen, the right way to give first aid, whether a belief is true): nothing current in between.
 _STORY_OR_LESSON_ZH = re.compile(
-    "(?:看新闻|新闻(?:上|里)|电视(?:剧|上|里)|电影里|网上(?:看到|说)|朋友圈(?:看到|里|上|说)|看到(?:一篇|一个|一则|篇)?(?:文章|报道|视频|新闻)|"
+    "(?:看新闻|新闻(?:上|里|说|报道)|电视(?:剧|上|里)|电影里|网上(?:看到|说)|朋友圈(?:看到|里|上|说)|看到(?:一篇|一个|一则|篇)?(?:文章|报道|视频|新闻)|"
     "(?:文章|报道|视频)(?:上|里)?说|(?:万一|如果|要是|假如)(?:遇到|碰到|看到)?(?:有人|别人|路人|陌生人)|"
     "急救(?:课|培训|知识)|(?:想|要)(?:提前)?学(?:一下|习)?|学习(?:一下)?|正确的?(?:做法|方法|急救))(?P<between>.*)$")
 _STORY_OR_LESSON_EN = re.compile(
@@ -140,10 +141,16 @@ _CLAUSE_SPLIT = re.compile(r"(?:[,;!?，。；！？\n]|(?<!\d)\.|\.(?!\d))+|但
 # Cantonese → Mandarin words that change a red flag's meaning (透唔到氣 = 透不到气).
 CANTONESE = str.maketrans({"唔": "不", "冇": "没", "咗": "了", "佢": "他", "係": "是", "喺": "在", "嘅": "的", "啲": "些"})
 # ... and phrases, on the text after OpenCC (係 → 系) and the characters above: "叫佢都唔係好應" (barely
-# responds), "講嘢亂晒" (talks nonsense), "冇乜汗" (hardly sweating); a blind batch, 2026-12-07.
+# responds), "講嘢亂晒" (talks nonsense), "冇乜汗" (hardly sweating), "食咗花生成身紅晒 把聲沙咗 透氣好辛苦"
+# (flushed all over after peanuts, hoarse, struggling to breathe); blind batches, 2026-12-07.
 _CANTONESE_PHRASES = {"不系好": "不太", "系咪": "是不是", "但系": "但是", "讲嘢": "说话", "乱晒": "全乱了", "乱晒龙": "全乱了",
-                      "没乜": "没什么"}
-_CANTONESE_PHRASE = re.compile("不系好|系咪|但系(?!统)|讲嘢|乱晒龙|乱晒|没乜")
+                      "没乜": "没什么", "透气好辛苦": "呼吸很困难", "唞气好辛苦": "呼吸很困难", "抖气好辛苦": "呼吸很困难",
+                      "唞不到气": "喘不上气", "抖不到气": "喘不上气", "成身": "全身", "把声": "声音", "食了": "吃了"}
+# where a phrase opens a Mandarin word instead (但系统: "but the system"; 变成身材)
+_NOT_FOLLOWED_BY = {"但系": "统", "成身": "体|材|高|份|为"}
+_CANTONESE_PHRASE = re.compile("|".join(
+    k + (f"(?!{_NOT_FOLLOWED_BY[k]})" if k in _NOT_FOLLOWED_BY else "")
+    for k in sorted(_CANTONESE_PHRASES, key=len, reverse=True)))  # the longest first: 乱晒龙 before 乱晒
 
 
 def mandarin_view(normalized: str) -> str:

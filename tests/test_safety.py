@@ -408,7 +408,7 @@ def test_a_cough_explains_chest_pain_only_where_no_severe_sign_is_told(text, fir
     assert ("heart_attack.chest_pain_en" in match_red_flags(text)) is fires
 
 
-@pytest.mark.parametrize("text, flag", [("头像被劈开一样疼", "severe_headache.thunderclap_zh"),
+@pytest.mark.parametrize("text, flag", [("头像被劈开一样疼", "severe_headache.thunderclap_split_zh"),
                                         ("我爸说话突然含糊不清 我们都听不清他说啥", "stroke.speech_zh"),
                                         ("he spilled boiling water on his chest, the skin is white and leathery", "burn.large_en"),
                                         ("孩子好像中毒了 一直吐", "poisoning.chemical_zh")])
@@ -916,6 +916,24 @@ def test_a_danger_told_as_a_story_a_lesson_or_long_over_is_not_an_emergency(q):
     or an age long left behind, with nobody of the user's own in the message (blind batch GG,
     2026-12-05, had five such false alarms; these are other wordings)."""
     assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["刚才看小品笑得喘不过气来 肚子到现在还有点疼", "爬山爬到一半喘不上气 歇了一会就好了 是不是我体质太差了",
+                               "今天被领导骂得我要吐血了 晚上吃点啥解解压", "昨晚同学聚会喝多了 今天头疼得要裂开 吃点啥能缓过来",
+                               "看新闻说云南又有人吃菌子中毒 哪些菌子不能吃啊", "喝了酒全身发红 头晕",
+                               "my dad had a heart attack 10 yrs ago hes doing great now, what foods should he eat"])
+def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are_not_emergencies(q):
+    """A blind batch of alarming-sounding everyday messages (2026-12-07): laughing "till I can't breathe", breathless
+    on a climb and fine after a rest, 气得吐血, a hangover "splitting" head, someone else in the news, an alcohol
+    flush, a heart attack years ago."""
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["個仔食咗啲花生之後成身紅晒 把聲沙咗 話喉嚨好痕 透氣好辛苦",
+                               "孩子吃了花生之后全身红了 声音哑了 呼吸很困难", "我妈呼吸有点困难 嘴唇发紫",
+                               "食咗芒果之後成塊面腫晒，喉嚨好緊，點算", "喝多了 今天突然头疼得要裂开"])
+def test_breathing_told_with_an_adverb_a_flush_after_peanuts_and_cantonese_are_emergencies(q):
+    _assert_kind(q, "emergency")
 
 
 @pytest.mark.parametrize("q", ["看新闻说煤气中毒很危险 我妈头晕想吐 家里烧着炭炉",
