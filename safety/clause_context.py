@@ -88,6 +88,11 @@ _OWN_PEOPLE = re.compile("我|俺|咱|爸|妈|爷|奶|孩子|宝宝|儿子|女�
 _HAPPENING_NOW = re.compile("现在|刚才|刚刚|突然|正在|还在|今天|今早|今晚|这会儿|"
                             r"\b(?:now|right now|just|today|tonight|currently|has|have|is having|keeps?)\b")
 
+# Asked ahead of time, just in case ("我在养老院当护工 老人吃饭噎着了该怎么处理 想提前学一下"; a blind batch,
+# 2026-12-07): nothing is happening, unless something is said to be happening now.
+_AHEAD = re.compile("提前(?:学|了解|准备|知道|做好)|以防万一|防患于未然|未雨绸缪|"
+                    r"\b(?:just in case|in advance|ahead of time|beforehand)\b")
+
 _PREVENT_ZH = re.compile("(?:预防|防止|避免|防范|怎么防|如何防|怎样防|远离|降低|(?:怎么|怎样|如何)(?:判断|识别|区分|分辨|知道|看出))"
                          + gap_zh(6) + "$")
 _PREVENT_EN = re.compile(r"\b(?:prevent|preventing|prevention of|avoid|avoiding|risk of|reduce the risk of|"
@@ -213,6 +218,8 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
         if m and not current.search(m.group("between")) and not (
                 _OWN_PEOPLE.search(clause[m.start():]) or (_OWN_PEOPLE.search(rest) and _HAPPENING_NOW.search(rest))):
             return True
+    if _AHEAD.search(rest) and not _HAPPENING_NOW.search(rest):  # "…噎着了该怎么处理 想提前学一下"
+        return True
     for past, current, resolved in ((_PAST_MONTHS_ZH, _CURRENT_ZH, _RESOLVED_ZH),
                                     (_PAST_MONTHS_EN, _CURRENT_EN, _RESOLVED_EN),
                                     (_DIAGNOSED_ZH, _CURRENT_ZH, _RESOLVED_ZH), (_DIAGNOSED_EN, _CURRENT_EN, _RESOLVED_EN)):

@@ -921,7 +921,9 @@ def test_a_danger_told_as_a_story_a_lesson_or_long_over_is_not_an_emergency(q):
 @pytest.mark.parametrize("q", ["刚才看小品笑得喘不过气来 肚子到现在还有点疼", "爬山爬到一半喘不上气 歇了一会就好了 是不是我体质太差了",
                                "今天被领导骂得我要吐血了 晚上吃点啥解解压", "昨晚同学聚会喝多了 今天头疼得要裂开 吃点啥能缓过来",
                                "看新闻说云南又有人吃菌子中毒 哪些菌子不能吃啊", "喝了酒全身发红 头晕",
-                               "my dad had a heart attack 10 yrs ago hes doing great now, what foods should he eat"])
+                               "my dad had a heart attack 10 yrs ago hes doing great now, what foods should he eat",
+                               "我在养老院当护工 老人吃饭噎着了该怎么处理 想提前学一下",
+                               "had a dream i was drowning and woke up gasping, totally fine now, is that stress"])
 def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are_not_emergencies(q):
     """A blind batch of alarming-sounding everyday messages (2026-12-07): laughing "till I can't breathe", breathless
     on a climb and fine after a rest, 气得吐血, a hangover "splitting" head, someone else in the news, an alcohol
@@ -931,8 +933,10 @@ def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are
 
 @pytest.mark.parametrize("q", ["個仔食咗啲花生之後成身紅晒 把聲沙咗 話喉嚨好痕 透氣好辛苦",
                                "孩子吃了花生之后全身红了 声音哑了 呼吸很困难", "我妈呼吸有点困难 嘴唇发紫",
-                               "食咗芒果之後成塊面腫晒，喉嚨好緊，點算", "喝多了 今天突然头疼得要裂开"])
+                               "食咗芒果之後成塊面腫晒，喉嚨好緊，點算", "喝多了 今天突然头疼得要裂开",
+                               "my son cant breathe, is he ok now?", "我妈噎着了 说不出话 现在怎么办"])
 def test_breathing_told_with_an_adverb_a_flush_after_peanuts_and_cantonese_are_emergencies(q):
+    """... and a question whether it is over ("is he ok now?") is no statement that it is."""
     _assert_kind(q, "emergency")
 
 
