@@ -59,7 +59,7 @@ _DIAGNOSED_EN = re.compile(r"\b(?:doctors?|hospital|gp|paediatrician|pediatricia
                            r"(?: (?:it|that) was| it's| (?:him|her|me|them) with)?(?P<between>.*)$")
 _RESOLVED_EN = re.compile(r"\b(?:now fine|fine now|better now|recovered|all good now|ok now|okay now|healed|no longer|"
                           r"(?:totally|completely|perfectly) fine|been fine (?:ever )?since)\b")
-_PAST_AFTER_EN = re.compile(r"^\W*(?:\w+\s+){0,3}?(?:(?:\d+|a|one|two|three|four|five|six|seven|eight|nine|ten|a few|"
+_PAST_AFTER_EN = re.compile(r"^\W*(?:\w+\s+){0,5}?(?:(?:\d+|a|one|two|three|four|five|six|seven|eight|nine|ten|a few|"
                             r"several|many)\s+years?\s+ago|last year|in (?:19|20)\d\d|" + _AS_A_CHILD_EN + r")\b")
 _CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|right now|suddenly|currently|yesterday)\b")
 
@@ -100,6 +100,8 @@ _PREVENT_EN = re.compile(r"\b(?:prevent|preventing|prevention of|avoid|avoiding|
                          r"how (?:do|can|would) (?:i|you|we) (?:tell|know|recogni[sz]e|spot))\b(?:\s+[\w'-]+){0,3}\s*$")
 # "心梗发作前有啥信号", "中风的前兆": asking about a condition, not describing one.
 _ABOUT_AFTER = re.compile("^(?:前|之前|以前)?(?:会)?(?:有|会有)?(?:什么|啥|哪些)?(?:的)?(?:前兆|信号|征兆|先兆|症状|表现|早期)|"
+                          # "心梗和心绞痛有啥区别": two conditions compared (a blind batch, 2026-12-07)
+                          "^(?:(?:和|跟|与)[^，。？！,.?!]{1,8})?(?:有)?(?:啥|什么)?(?:的)?(?:区别|不同)|"
                           r"^\s*(?:signs|symptoms|warning signs)\b")
 # "空调对着头吹会面瘫吗": asking whether something causes it.
 _RISK_BEFORE = re.compile("(?:会|容易|能|可能会|导致|引起|造成|引发)$")

@@ -923,7 +923,9 @@ def test_a_danger_told_as_a_story_a_lesson_or_long_over_is_not_an_emergency(q):
                                "看新闻说云南又有人吃菌子中毒 哪些菌子不能吃啊", "喝了酒全身发红 头晕",
                                "my dad had a heart attack 10 yrs ago hes doing great now, what foods should he eat",
                                "我在养老院当护工 老人吃饭噎着了该怎么处理 想提前学一下",
-                               "had a dream i was drowning and woke up gasping, totally fine now, is that stress"])
+                               "had a dream i was drowning and woke up gasping, totally fine now, is that stress",
+                               "心梗和心绞痛有啥区别", "天冷手指冻得发紫 进屋暖和一会儿就好了 是冻疮前兆吗", "晒了一下午太阳 皮肤发烫 怎么修复",
+                               "my dad passed out at a wedding back in 2019, turned out to be dehydration"])
 def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are_not_emergencies(q):
     """A blind batch of alarming-sounding everyday messages (2026-12-07): laughing "till I can't breathe", breathless
     on a climb and fine after a rest, 气得吐血, a hangover "splitting" head, someone else in the news, an alcohol
@@ -934,7 +936,9 @@ def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are
 @pytest.mark.parametrize("q", ["個仔食咗啲花生之後成身紅晒 把聲沙咗 話喉嚨好痕 透氣好辛苦",
                                "孩子吃了花生之后全身红了 声音哑了 呼吸很困难", "我妈呼吸有点困难 嘴唇发紫",
                                "食咗芒果之後成塊面腫晒，喉嚨好緊，點算", "喝多了 今天突然头疼得要裂开",
-                               "my son cant breathe, is he ok now?", "我妈噎着了 说不出话 现在怎么办"])
+                               "my son cant breathe, is he ok now?", "我妈噎着了 说不出话 现在怎么办",
+                               "我爸在地里晒了一下午 回来说胡话 身上烫得吓人 也不出汗了 喝点绿豆汤能好吗",
+                               "took like 30 tylenol last night, feel fine today actually just a bit nauseous"])
 def test_breathing_told_with_an_adverb_a_flush_after_peanuts_and_cantonese_are_emergencies(q):
     """... and a question whether it is over ("is he ok now?") is no statement that it is."""
     _assert_kind(q, "emergency")
