@@ -925,7 +925,8 @@ def test_a_danger_told_as_a_story_a_lesson_or_long_over_is_not_an_emergency(q):
                                "我在养老院当护工 老人吃饭噎着了该怎么处理 想提前学一下",
                                "had a dream i was drowning and woke up gasping, totally fine now, is that stress",
                                "心梗和心绞痛有啥区别", "天冷手指冻得发紫 进屋暖和一会儿就好了 是冻疮前兆吗", "晒了一下午太阳 皮肤发烫 怎么修复",
-                               "my dad passed out at a wedding back in 2019, turned out to be dehydration"])
+                               "my dad passed out at a wedding back in 2019, turned out to be dehydration",
+                               "热得想死 怎么防暑", "饿得我都想死了"])
 def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are_not_emergencies(q):
     """A blind batch of alarming-sounding everyday messages (2026-12-07): laughing "till I can't breathe", breathless
     on a climb and fine after a rest, 气得吐血, a hangover "splitting" head, someone else in the news, an alcohol
@@ -942,6 +943,12 @@ def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are
 def test_breathing_told_with_an_adverb_a_flush_after_peanuts_and_cantonese_are_emergencies(q):
     """... and a question whether it is over ("is he ok now?") is no statement that it is."""
     _assert_kind(q, "emergency")
+
+
+@pytest.mark.parametrize("q", ["累得想死", "压力大到想死", "热得想死 真的不想活了 活着没意思"])
+def test_despair_said_beside_a_bodily_hyperbole_is_still_a_crisis(q):
+    """"热得想死" is the weather; 累 / 压力 may carry real despair, and a wish not to live said after it counts."""
+    _assert_kind(q, "crisis")
 
 
 @pytest.mark.parametrize("q", ["看新闻说煤气中毒很危险 我妈头晕想吐 家里烧着炭炉",
