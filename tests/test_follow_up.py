@@ -335,7 +335,7 @@ def test_asking_whether_something_causes_it_is_a_causes_cue_that_points_back(tex
 
 
 @pytest.mark.parametrize("first, topic, second", [
-    ("最近头发掉得厉害 怎么办", "body.hair_loss", "是不是压力大引起的"),
+    ("最近头发掉得厉害 怎么办", "body.hair_loss", "是压力大搞的吗 还是有别的原因"),
     ("手脚冰凉怎么办", "body.cold_hands_feet", "跟我老熬夜有关系吗"),
     ("my stomach is bloated every evening", "digest.bloating", "could it be from all the coffee I drink?")])
 async def test_asking_whether_something_causes_it_gets_the_causes_of_the_topic_just_answered(dispatcher, first, topic,
