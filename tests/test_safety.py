@@ -926,7 +926,11 @@ def test_a_danger_told_as_a_story_a_lesson_or_long_over_is_not_an_emergency(q):
                                "had a dream i was drowning and woke up gasping, totally fine now, is that stress",
                                "心梗和心绞痛有啥区别", "天冷手指冻得发紫 进屋暖和一会儿就好了 是冻疮前兆吗", "晒了一下午太阳 皮肤发烫 怎么修复",
                                "my dad passed out at a wedding back in 2019, turned out to be dehydration",
-                               "热得想死 怎么防暑", "饿得我都想死了"])
+                               "热得想死 怎么防暑", "饿得我都想死了", "这个月加班加到吐血 天天凌晨才到家",
+                               "我同事说他饿到低血糖了 有点手抖 吃了块巧克力就好了",
+                               "ate a whole plate of ghost pepper wings, mouth on fire and stomach burning lol",
+                               "hit my thumb with a hammer yesterday, nail is purple but doesnt hurt much now",
+                               "choked on some water earlier, coughing fit for like 30 sec then totally fine"])
 def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are_not_emergencies(q):
     """A blind batch of alarming-sounding everyday messages (2026-12-07): laughing "till I can't breathe", breathless
     on a climb and fine after a rest, 气得吐血, a hangover "splitting" head, someone else in the news, an alcohol
@@ -939,7 +943,9 @@ def test_figures_of_speech_a_hangover_and_a_breathless_spell_over_after_rest_are
                                "食咗芒果之後成塊面腫晒，喉嚨好緊，點算", "喝多了 今天突然头疼得要裂开",
                                "my son cant breathe, is he ok now?", "我妈噎着了 说不出话 现在怎么办",
                                "我爸在地里晒了一下午 回来说胡话 身上烫得吓人 也不出汗了 喝点绿豆汤能好吗",
-                               "took like 30 tylenol last night, feel fine today actually just a bit nauseous"])
+                               "took like 30 tylenol last night, feel fine today actually just a bit nauseous",
+                               "我朋友一口气吃了一整瓶扑热息痛 说现在啥感觉没有 是不是就没事了",
+                               "两岁儿子刚才在玩洗碗块 好像咬破了一个 嘴边都是 一直哭", "孩子咬破了洗衣凝珠"])
 def test_breathing_told_with_an_adverb_a_flush_after_peanuts_and_cantonese_are_emergencies(q):
     """... and a question whether it is over ("is he ok now?") is no statement that it is."""
     _assert_kind(q, "emergency")
