@@ -360,7 +360,7 @@ class Dispatcher:
             return await self._handoff(inbound, agents, out, lang, "head")
         if d.intent is Intent.REFER_DOCTOR:
             body = scope.reply if scope is not None and d.source == "rule" else refer_reply("prescription" if has_medicine(norm.text) else "diagnosis", lang, norm.text)
-            if (below := below_referral(last, plan.loose, lang) if d.source != "head" else None) is not None:
+            if (below := below_referral(last, plan.loose, lang)) is not None:  # a head referral with a facet: above
                 body, notes["follow_up"] = f"{body}\n\n{below}", plan.loose.facet
             return reply(body, Intent.REFER_DOCTOR, topic=last.id if below else None), {
                 **notes, "rule": scope.reason if scope and d.source == "rule" else "head"}
