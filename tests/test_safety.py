@@ -190,6 +190,12 @@ def test_third_party_red_flag_is_an_emergency(text):
     ("一烦就拿刀片划 划到出血才停", "crisis.cut_self_zh"),
     ("心里堵的时候用打火机烫过自己好几次", "crisis.cut_self_zh"),
     ("头痛得要裂开 一辈子都没这么痛过", "severe_headache.thunderclap_zh"),
+    # a blind batch (2026-12-07), after it was measured: spurting blood soaking a pressed towel, a grandfather who
+    # barely answers when called (Cantonese), paracetamol taken nonstop for a day
+    ("剁排骨的时候砍到手腕了，血是一股一股往外冒的，拿毛巾压了十分钟还是透了", "bleeding.uncontrolled_zh"),
+    ("拿毛巾压了十分钟还是透了", "bleeding.still_flowing_zh"),
+    ("阿爺頭先喺公園行咗成個鐘返嚟，而家成身好熱但係冇乜汗，講嘢亂晒，叫佢都唔係好應", "unconscious.barely_responds_zh"),
+    ("been taking tylenol pretty much nonstop, prob like 18-20 extra strength since yesterday", "poisoning.overdose_en"),
 ])
 def test_mistaken_swallowing_and_indirect_hopelessness_are_flagged(text, flag):
     assert flag in match_red_flags(text)
@@ -1280,18 +1286,6 @@ def test_blind_eee_dangers_told_beside_an_everyday_question_are_flagged(q, flag)
 def test_a_fever_or_a_plan_without_the_danger_is_not_flagged_by_the_new_rules(q):
     hits = match_red_flags(q)
     assert not any(h in hits for h in ("sepsis.fever_confusion_en", "sepsis.fever_confusion_zh", "crisis.suicidal_zh")), hits
-
-
-# A blind batch (2026-12-07), after it was measured: spurting blood soaking a pressed towel, a grandfather who
-# barely answers when called (Cantonese), paracetamol taken nonstop for a day.
-@pytest.mark.parametrize("text, flag", [
-    ("剁排骨的时候砍到手腕了，血是一股一股往外冒的，拿毛巾压了十分钟还是透了", "bleeding.uncontrolled_zh"),
-    ("拿毛巾压了十分钟还是透了", "bleeding.still_flowing_zh"),
-    ("阿爺頭先喺公園行咗成個鐘返嚟，而家成身好熱但係冇乜汗，講嘢亂晒，叫佢都唔係好應", "unconscious.barely_responds_zh"),
-    ("been taking tylenol pretty much nonstop, prob like 18-20 extra strength since yesterday", "poisoning.overdose_en"),
-])
-def test_spurting_blood_a_barely_responding_elder_and_a_staggered_paracetamol_overdose_are_emergencies(text, flag):
-    assert flag in match_red_flags(text)
 
 
 @pytest.mark.parametrize("text", ["叫他吃饭不太应 在打游戏", "血压量了几次还是高", "how many tylenol can i take in a day, the box has 24 tablets",
