@@ -19,6 +19,7 @@ from adapters.http import setup_http
 from adapters.wechat import setup_wechat
 from bot.admission import ADMISSION_KEY, Admission, GatedTCPSite, install, raise_fd_limit
 from bot.config import Config
+from bot.dedup import ReplayRefused
 from bot.feedback import FeedbackBook
 from bot.handoff import HandoffManager
 from bot.http_errors import json_errors_middleware
@@ -98,6 +99,11 @@ class _LateDispatcher:
         self.target = None
         self.admission = admission
 
+    @property
+    def replay_store(self):
+        """The store where the dispatcher records ``Inbound.replay_record`` with its claim (bot/dedup.py)."""
+        return getattr(self.target, "replay_store", None)
+
     async def handle(self, inbound):
         target = self.target
         if self.admission is None:
@@ -113,7 +119,11 @@ class _LateDispatcher:
         decision = await self.admission.admit(inbound, in_handoff if handoff is not None else None)
         if decision.refusal is not None:
             return decision.refusal
-        reply = await target.handle(decision.inbound)
+        try:
+            reply = await target.handle(decision.inbound)
+        except ReplayRefused:
+            self.admission.refund(inbound, decision)
+            raise
         return Admission.noted(reply, inbound.text) if decision.windowed else reply
 
     async def forget_user(self, channel: str, user_id: str) -> None:

@@ -48,6 +48,12 @@ REPLY_TTL_S = 3600.0
 REPLICA_WAIT_S = 4.5
 
 
+class ReplayRefused(Exception):
+    """The store holds another value at the message's :attr:`~bot.types.Inbound.replay_record` key:
+    the request replays an earlier one's credentials with another body. Nothing was read, claimed,
+    computed or counted for it."""
+
+
 def message_key(inbound: Inbound) -> str:
     """``<channel>:<user>:<message id>``: one message's identity for exactly-once delivery.
 
@@ -112,6 +118,10 @@ class OnceCache(Generic[T]):
             fut.add_done_callback(lambda _, k=key: self._inflight.pop(k, None))
         return await asyncio.shield(fut)
 
+    def running(self, key: Hashable) -> bool:
+        """Whether a computation for ``key`` is in flight (a call now would share it)."""
+        return key in self._inflight
+
     async def drain(self) -> None:
         """Wait for every in-flight computation (graceful shutdown)."""
         if self._inflight:
@@ -130,6 +140,24 @@ class ExactlyOnce:
         #: Finished replies this process could not store (the store failed): dedup in memory.
         self.replies_here: LocalCache[str, str] = LocalCache()
 
+    async def check_record(self, inbound: Inbound) -> None:
+        """``inbound.replay_record`` recorded on its own, for a delivery that shares a computation
+        already running in this process (which never reaches :meth:`run`'s claim).
+
+        Raises:
+            ReplayRefused: the key holds another value.
+        """
+        if inbound.replay_record is None:
+            return
+        key, value, ttl_s = inbound.replay_record
+        try:
+            if await self.store.set_if_absent(key, value, ttl_s) or await self.store.get(key) == value:
+                return
+        except StoreError as exc:  # let through, as run() does
+            store_unavailable("replay_check", exc)
+            return
+        raise ReplayRefused(inbound.message_id)
+
     async def run(self, inbound: Inbound, compute: Callable[[MessageState], Awaitable[Reply]],
                   reads: Sequence[str] = (), bucket: Bucket | None = None) -> Reply:
         """Exactly once across replicas: the replica that claims the message computes it.
@@ -141,6 +169,10 @@ class ExactlyOnce:
         answers nothing (the winner delivers it). A claim whose holder died expires, and
         a later delivery computes again. If the store fails, the message is computed here.
 
+        ``inbound.replay_record`` is recorded with the claim, atomically (a conflict raises
+        :class:`ReplayRefused` before anything is read); when the store fails, the message is let
+        through, as every store use of the dispatch path is.
+
         Args:
             reads: further keys ``compute`` reads; they are read with the stored reply in one
                 round trip and given to ``compute`` as a :class:`MessageState`, whose writes are
@@ -151,8 +183,11 @@ class ExactlyOnce:
         key = message_key(inbound)
         reply_key = f"reply:{key}"
         try:
-            claimed, (stored, *values), _, token = await self.store.claim_and_read(
-                f"dedup:{key}", "1", CLAIM_TTL_S, strings=[reply_key, *reads], bucket=bucket)
+            claimed, (stored, *values), _, token, conflict = await self.store.claim_and_read(
+                f"dedup:{key}", "1", CLAIM_TTL_S, strings=[reply_key, *reads], bucket=bucket,
+                record=inbound.replay_record)
+            if conflict:
+                raise ReplayRefused(inbound.message_id)
             if stored is not None:  # computed already (the claim just made, if any, is never read)
                 return Reply.from_json(stored)
         except StoreError as exc:  # nothing answers, or it reads but cannot write (disk full, read-only)

@@ -67,6 +67,10 @@ class Inbound:
             (the dispatcher then detects it from the text).
         received_at: UNIX time in seconds when the adapter received it.
         raw: the platform's own fields, for logging and adapter use only.
+        replay_record: ``(key, value, ttl_s)`` the store records with the message's claim (bot/dedup.py):
+            a key already holding another value refuses the message (:class:`bot.dedup.ReplayRefused`).
+            WeChat's plaintext mode records each request's timestamp and nonce with its body's digest
+            (adapters/wechat/webhook.py); None elsewhere.
 
     Lone UTF-16 surrogates in ``user_id``, ``chat_id``, ``message_id`` and ``text``
     become U+FFFD on construction (:func:`without_lone_surrogates`): the message is
@@ -82,6 +86,7 @@ class Inbound:
     lang: str | None = None
     received_at: float = field(default_factory=time.time)
     raw: dict[str, Any] = field(default_factory=dict)
+    replay_record: tuple[str, str, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("user_id", "chat_id", "message_id", "text"):

@@ -23,6 +23,7 @@ from bot.admission import (ADMISSION_KEY, LONG_NOTE, WORK_NOTE, Admission, Admis
                            estimate_tokens, make_middleware, window_text)
 from bot.app import _LateDispatcher, create_app
 from bot.config import Config, ConfigError, load_config
+from bot.dedup import ReplayRefused
 from bot.store import MemoryStore
 from bot.types import Inbound, Intent, MessageKind, Reply
 
@@ -156,6 +157,24 @@ async def test_a_user_sending_long_texts_gets_a_few_then_a_polite_wait_and_retri
     other = await late.handle(_inbound(LONG, user="u2", msg="m0"))  # another user: own budget
     assert other.text.startswith(LONG_NOTE["zh"])
     assert adm.stats["work_refused"] == 2
+
+
+async def test_a_replayed_request_refused_after_admission_gives_the_users_budget_back():
+    """A replayed WeChat request names any user in its forged body; the dispatcher refuses it at its
+    claim (bot/dedup.py), after admission charged that user: the charge is undone."""
+    class Refusing(CostDispatcher):
+        async def handle(self, inbound):
+            raise ReplayRefused(inbound.message_id)
+
+    adm = Admission(AdmissionConfig(user_tokens_per_minute=0.001, user_token_burst=2 * BUDGET), safety=Config().safety)
+    late = _LateDispatcher(adm)
+    late.target = Refusing()
+    for i in range(5):  # five forged long questions naming u1: none of them spends u1's budget
+        with pytest.raises(ReplayRefused):
+            await late.handle(_inbound(LONG, msg=f"forged{i}"))
+    late.target = real = CostDispatcher()
+    replies = [await late.handle(_inbound(LONG, msg=f"m{i}")) for i in range(3)]
+    assert [r.text == WORK_NOTE["zh"] for r in replies] == [False, False, True] and len(real.texts) == 2
 
 
 async def test_the_admission_section_of_the_config_sets_the_limits(tmp_path):

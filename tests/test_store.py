@@ -155,11 +155,11 @@ async def test_claim_and_read_reads_strings_and_lists_then_claims_exactly_once(s
     await store.push("a-list", "not a string", ttl_s=60)
     first = await store.claim_and_read("claim", "me", 30, strings=["reply", "absent", "a-list"],
                                        lists=["pending", "nothing", "a-string"])
-    assert first == (True, ["stored", None, None], [["a", "b"], [], []], None)
+    assert first == (True, ["stored", None, None], [["a", "b"], [], []], None, False)
     assert await store.read_all("pending") == ["a", "b"]  # read, left in place
     results = await asyncio.gather(*(store.claim_and_read("claim2", f"w{i}", 30, strings=["reply"]) for i in range(50)))
     assert sum(r.claimed for r in results) == 1 and {tuple(r.strings) for r in results} == {("stored",)}
-    assert (await store.claim_and_read("claim", "you", 30)) == (False, [], [], None)
+    assert (await store.claim_and_read("claim", "you", 30)) == (False, [], [], None, False)
     assert await store.get("claim") == "me"
     short = await store.claim_and_read("short", "x", 0.1)
     await asyncio.sleep(0.2)
@@ -172,17 +172,38 @@ async def test_claim_and_read_stores_value_if_found_only_when_a_read_finds_somet
     await store.push("held", "item", ttl_s=60)
     await store.set("held", "a string now")  # a list replaced by a string reads as no list
     empty = await store.claim_and_read("c1", "final", 30, strings=["nope"], lists=["none", "held"], if_found=("busy", 30))
-    assert empty == (True, [None], [[], []], None) and await store.get("c1") == "final"
+    assert empty == (True, [None], [[], []], None, False) and await store.get("c1") == "final"
     by_string = await store.claim_and_read("c2", "final", 30, strings=["a-string"], lists=["none"], if_found=("busy", 30))
     assert by_string.strings == ["x"] and await store.get("c2") == "busy"
     by_list = await store.claim_and_read("c3", "final", 30, strings=["nope"], lists=["a-list"], if_found=("busy", None),
                                          bucket=("rate:v", 0.001, 1))
-    assert by_list == (True, [None], [["item"]], True) and await store.get("c3") == "busy"
+    assert by_list == (True, [None], [["item"]], True, False) and await store.get("c3") == "busy"
     short = await store.claim_and_read("c4", "final", 30, lists=["a-list"], if_found=("busy", 0.1))
     await asyncio.sleep(0.2)
     assert short.claimed and await store.get("c4") is None  # stored with the if_found TTL
     again = await store.claim_and_read("c3", "final", 30, lists=["a-list"], if_found=("busy", 30))
     assert again.claimed is False and await store.get("c3") == "busy"
+
+
+async def test_claim_and_read_records_first_and_does_nothing_else_on_a_conflicting_record(store):
+    """A WeChat request's replay record (adapters/wechat/webhook.py): stored if absent, the same value
+    again passes (a re-delivery), another value stops the call before any read, claim or token."""
+    await store.set("reply", "stored")
+    bucket = ("rate:r", 0.001, 2)
+    first = await store.claim_and_read("c1", "1", 30, strings=["reply"], bucket=bucket, record=("nonce:1", "digest-a", 60))
+    assert first == (True, ["stored"], [], True, False) and await store.get("nonce:1") == "digest-a"
+    again = await store.claim_and_read("c1", "1", 30, strings=["reply"], record=("nonce:1", "digest-a", 60))
+    assert again == (False, ["stored"], [], None, False)  # the same body: a re-delivery, read as before
+    forged = await store.claim_and_read("c2", "1", 30, strings=["reply"], lists=["pending"], bucket=bucket,
+                                        record=("nonce:1", "digest-b", 60))
+    assert forged == (False, [None], [[]], None, True)
+    assert await store.get("c2") is None and await store.get("nonce:1") == "digest-a"
+    assert await store.take_token(*bucket) is True  # the forged call took none: the second of the burst of 2
+    await store.push("a-list", "x", ttl_s=60)
+    assert (await store.claim_and_read("c3", "1", 30, record=("a-list", "digest-a", 60))).conflict  # another type
+    short = await store.claim_and_read("c4", "1", 30, record=("nonce:2", "digest-a", 0.1))
+    await asyncio.sleep(0.2)
+    assert short.claimed and not (await store.claim_and_read("c5", "1", 30, record=("nonce:2", "digest-b", 60))).conflict
 
 
 async def test_claim_and_read_takes_from_the_same_bucket_as_take_token(store):

@@ -481,9 +481,9 @@ class SwitchableStore(MemoryStore):
         self._gate(True)
         return await super().set_if_absent(key, value, ttl_s)
 
-    async def claim_and_read(self, key, value, ttl_s=None, strings=(), lists=(), bucket=None, if_found=None):
+    async def claim_and_read(self, key, value, ttl_s=None, strings=(), lists=(), bucket=None, if_found=None, record=None):
         self._gate(True)
-        return await super().claim_and_read(key, value, ttl_s, strings, lists, bucket, if_found)
+        return await super().claim_and_read(key, value, ttl_s, strings, lists, bucket, if_found, record)
 
     async def delete(self, key):
         self._gate(True)

@@ -955,7 +955,7 @@ class BrokenStore(MemoryStore):
     async def set_if_absent(self, key, value, ttl_s=None):
         raise ConnectionError("store down")
 
-    async def claim_and_read(self, key, value, ttl_s=None, strings=(), lists=(), bucket=None, if_found=None):
+    async def claim_and_read(self, key, value, ttl_s=None, strings=(), lists=(), bucket=None, if_found=None, record=None):
         raise ConnectionError("store down")
 
 
@@ -999,3 +999,46 @@ async def test_real_dispatcher_zhuan_rengong_transfers_and_records_the_handoff(s
     event = wx.event_xml("unsubscribe").replace(wx.USER, user)
     assert await post(client, signer, event) == (200, "success")
     assert await dispatcher.handoff.active("wechat", user) is None
+
+
+@requires_model
+async def test_real_dispatcher_records_a_requests_nonce_with_its_claim_and_refuses_another_body(signer, dispatcher, cfg):
+    """With the dispatcher's own store, a text message's replay record goes with its claim (one store
+    round trip, bot/dedup.py); a captured query string with another body is still refused 403 before
+    anything is computed, read or written for it, on the text path, the "1" path and while the first
+    computation is in flight."""
+    wcfg = Config()
+    wcfg.wechat.token, wcfg.wechat.appid = TOKEN, APPID
+    app = web.Application()
+    setup_wechat(app, wcfg, dispatcher, store=dispatcher.store)
+    client = TestClient(TestServer(app, host="127.0.0.1", port=0))
+    await client.start_server()
+    try:
+        stamp = time.time_ns()
+        user, victim = f"oREPLAY_{stamp}", f"oVICTIM_{stamp}"
+        path, first = signer.plain_post(wx.text_xml("失眠怎么调理", msg_id=stamp % 10**15, user=user),
+                                        nonce=str(stamp % 10**9))
+        answers = []
+        for _ in range(2):  # WeChat's re-delivery: the same query and body, the same answer
+            async with client.post(path, data=first) as resp:
+                answers.append((resp.status, await resp.text()))
+        assert answers[0] == answers[1] and answers[0][0] == 200 and "睡" in answers[0][1]
+        forged_msg = stamp % 10**15 + 1
+        for forged in (wx.text_xml("手脚冰凉怎么办", msg_id=forged_msg, user=victim),
+                       wx.text_xml("1", msg_id=forged_msg + 1, user=victim)):
+            async with client.post(path, data=forged.encode()) as resp:
+                assert (resp.status, await resp.text()) == (403, "replayed nonce")
+        assert await dispatcher.store.get(f"dedup:wechat:{victim}:{forged_msg}") is None  # never claimed
+        assert await dispatcher.store.get(dispatcher.sessions.key("wechat", victim)) is None  # nothing computed
+
+        # A forged body with the same user and message id as a computation in flight shares no reply
+        # (the legitimate request's record already stored, as by its first delivery).
+        record = (f"wechat:nonce:{stamp}:n", "digest-a", 60.0)
+        await dispatcher.store.set(*record)
+        legit = Inbound("wechat", user, user, f"m{stamp}", MessageKind.TEXT, "口腔溃疡怎么办", replay_record=record)
+        forged_in = Inbound("wechat", user, user, f"m{stamp}", MessageKind.TEXT, "口腔溃疡怎么办 ",
+                            replay_record=(record[0], "digest-b", 60.0))
+        results = await asyncio.gather(dispatcher.handle(legit), dispatcher.handle(forged_in), return_exceptions=True)
+        assert results[0].intent is Intent.ANSWER and type(results[1]).__name__ == "ReplayRefused"
+    finally:
+        await client.close()

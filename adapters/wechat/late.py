@@ -28,6 +28,7 @@ from adapters.wechat.store_state import (DELIVERED_KEY, DELIVERY_STATE_TTL_S, MO
                                          inbound_from_json, inbound_to_json, question_snippet, via)
 from bot.admission import Admission
 from bot.config import WechatConfig
+from bot.dedup import ReplayRefused
 from bot.feedback import FeedbackBook
 from bot.store import Store
 from bot.types import Inbound, Intent, Reply
@@ -87,7 +88,7 @@ class LateDelivery:
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self.pending.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+        if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), ReplayRefused):
             log.error("wechat.dispatcher_error", exc_info=task.exception())
 
     # ---- late answers

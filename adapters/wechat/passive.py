@@ -26,6 +26,7 @@ from adapters.wechat.parsing import strip_invalid_xml_chars
 from adapters.wechat.store_state import (COMPOSING_TTL_S, COMPOSING_WAIT_S, CONTINUED_HEADER, DELIVERED_KEY,
                                          DELIVERY_STATE_TTL_S, MORE_KEY, MORE_TTL_S, NO_ANSWER, PENDING_HEADER,
                                          PENDING_KEY, SEGMENT_SEPARATOR, PassiveAnswer, via)
+from bot.dedup import ReplayRefused
 from bot.types import Inbound, Intent, MessageKind, Reply
 
 log = structlog.get_logger("healthbot.wechat")
@@ -81,6 +82,7 @@ class PassiveDelivery(LateDelivery):
     async def _answer(self, inbound: Inbound, budget_s: float, late: bool = True) -> Reply | None:
         """``dispatcher.handle(inbound)`` if it finishes within ``budget_s`` seconds, else None.
 
+        Raises :class:`~bot.dedup.ReplayRefused` (the request's replay record conflicts).
         The computation runs in its own task behind :func:`asyncio.shield`: neither
         this timeout nor a cancelled request handler (client gone) cancels it. On a
         timeout with ``late``, the answer is delivered when it is ready
@@ -93,6 +95,8 @@ class PassiveDelivery(LateDelivery):
             budget_s = min(budget_s, left - 0.1)
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout=max(budget_s, 0.0))
+        except ReplayRefused:
+            raise
         except TimeoutError:
             self.stats["deferred"] += 1
             log.warning("wechat.reply_deferred", message_id=inbound.message_id, user=mask_id(inbound.user_id, head=6),

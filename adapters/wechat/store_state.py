@@ -57,7 +57,10 @@ class DispatcherLike(Protocol):
     """What the adapter needs from the core: ``handle(Inbound) -> Reply`` (deduplicating).
 
     Optional: ``handoff`` and ``sessions`` objects with ``forget(channel, user_id)``
-    (bot.dispatcher.Dispatcher has both), called on unsubscribe.
+    (bot.dispatcher.Dispatcher has both), called on unsubscribe; ``replay_store``, the store in
+    which ``handle`` records ``Inbound.replay_record`` with its claim, raising
+    :class:`bot.dedup.ReplayRefused` on a conflict (bot.dispatcher.Dispatcher): where it is not the
+    adapter's own store, the adapter records every request itself before answering.
     """
 
     async def handle(self, inbound: Inbound) -> Reply: ...

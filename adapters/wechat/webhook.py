@@ -11,6 +11,7 @@ import hmac
 import time
 import weakref
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -24,6 +25,7 @@ from adapters.wechat import constants as wc
 from adapters.wechat.api import WechatApi
 from adapters.wechat.parsing import Reject, extract_encrypt, parse_inbound, parse_timestamp, parse_xml, \
     strip_invalid_xml_chars
+from adapters.wechat.pages import CONTINUE_WORDS
 from adapters.wechat.passive import PassiveDelivery
 from adapters.wechat.replies import render_text_reply, render_transfer_reply
 from adapters.wechat.store_state import NO_ANSWER, REPLAY_KEY, DispatcherLike, PassiveAnswer
@@ -33,7 +35,8 @@ from bot.feedback import FeedbackBook
 from bot.handoff import HandoffManager, PlatformAgentRelay
 from bot.store import Store, open_store
 from bot.store.health import store_unavailable
-from bot.types import Inbound, Reply
+from bot.dedup import ReplayRefused
+from bot.types import Inbound, MessageKind, Reply
 
 log = structlog.get_logger("healthbot.wechat")
 
@@ -146,8 +149,8 @@ class WechatAdapter(PassiveDelivery):
         if not _same(expected, given):
             raise Reject(403, "invalid signature", "signature missing or wrong")
 
-    async def _check_replay(self, query: Any, body: bytes) -> None:
-        """Plaintext mode: refuse a (timestamp, nonce) seen with a different body.
+    def _replay_record(self, query: Any, body: bytes) -> tuple[str, str, float]:
+        """Plaintext mode: the record that refuses a (timestamp, nonce) seen with a different body.
 
         The plaintext ``signature`` covers only token, timestamp and nonce, not the body: a
         query string captured once could carry any body for the whole timestamp window.
@@ -157,20 +160,29 @@ class WechatAdapter(PassiveDelivery):
         such record (README recommends it). A store that cannot answer is counted and
         the request let through, as every other store call in the dispatch path is.
 
+        A text message for the dispatcher carries the record to its claim (``Inbound.replay_record``,
+        bot/dedup.py: one store round trip a message, not two); any other message (a "1" for the next
+        page, a feedback click, an event) is checked by :meth:`_check_replay` before it is answered.
+        """
+        key = f"{REPLAY_KEY}:{query.get('timestamp', '')}:{query.get('nonce', '')}"
+        return key, hashlib.sha256(body).hexdigest(), 2.0 * self.cfg.timestamp_window_s
+
+    async def _check_replay(self, record: tuple[str, str, float]) -> None:
+        """:meth:`_replay_record`'s record on its own, before anything else reads the store.
+
         Raises:
             Reject: 403 ``replayed nonce``.
         """
-        key = f"{REPLAY_KEY}:{query.get('timestamp', '')}:{query.get('nonce', '')}"
-        digest = hashlib.sha256(body).hexdigest()
+        key, digest, ttl_s = record
         try:
-            if await self.store.set_if_absent(key, digest, ttl_s=2 * self.cfg.timestamp_window_s):
+            if await self.store.set_if_absent(key, digest, ttl_s=ttl_s):
                 return
             seen = await self.store.get(key)
         except Exception as exc:  # noqa: BLE001 — any store failure: let the request through, counted
             store_unavailable("replay_check", exc)
             return
         if seen is not None and seen != digest:
-            raise Reject(403, "replayed nonce", "this timestamp and nonce came with another body")
+            raise _replayed()
 
     def _is_encrypted(self, query: Any) -> bool:
         if self.cfg.mode == "safe":
@@ -267,8 +279,6 @@ class WechatAdapter(PassiveDelivery):
                 raise Reject(403, "invalid signature", "encrypted request without msg_signature")
             self._check_timestamp(query)
             body = await self._read_body(request)
-            if not encrypted and self.store is not None:
-                await self._check_replay(query, body)
             try:
                 text = strip_invalid_xml_chars(body.decode("utf-8"))
             except UnicodeDecodeError:
@@ -276,6 +286,12 @@ class WechatAdapter(PassiveDelivery):
             if encrypted:
                 text = strip_invalid_xml_chars(self._decrypt(text, query))
             inbound = parse_inbound(text, received_at)
+            if not encrypted and self.store is not None:
+                record = self._replay_record(query, body)
+                if _dispatched(inbound) and getattr(self.dispatcher, "replay_store", None) is self.store:
+                    inbound = replace(inbound, replay_record=record)
+                else:
+                    await self._check_replay(record)
         except Reject as rej:
             log.warning("wechat.rejected", method="POST", status=rej.status, reason=rej.reason)
             return rej.response()
@@ -285,6 +301,10 @@ class WechatAdapter(PassiveDelivery):
 
         try:
             out = await self._respond(inbound, self.cfg.reply_budget_s - (loop.time() - started))
+        except ReplayRefused:
+            rej = _replayed()
+            log.warning("wechat.rejected", method="POST", status=rej.status, reason=rej.reason)
+            return rej.response()
         except Exception:  # noqa: BLE001
             log.exception("wechat.error", stage="respond", message_id=inbound.message_id)
             out = NO_ANSWER
@@ -309,6 +329,17 @@ class WechatAdapter(PassiveDelivery):
             return render_text_reply(out.content, to_user=inbound.user_id, from_user=account)
         return wc.NO_REPLY
 
+
+
+def _replayed() -> Reject:
+    return Reject(403, "replayed nonce", "this timestamp and nonce came with another body")
+
+
+def _dispatched(inbound: Inbound) -> bool:
+    """Whether ``inbound`` goes to the dispatcher, whose claim can carry its replay record: a text
+    message that is neither a feedback click nor a "1" for the next page (adapters/wechat/passive.py)."""
+    return (inbound.kind is MessageKind.TEXT and "bizmsgmenuid" not in inbound.raw
+            and inbound.text.strip() not in CONTINUE_WORDS)
 
 
 WECHAT_ADAPTER = web.AppKey("wechat_adapter", WechatAdapter)

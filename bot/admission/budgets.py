@@ -42,6 +42,10 @@ class Buckets:
             self._t.popitem(last=False)
         return ok
 
+    def give(self, key: Any, tokens: float) -> None:
+        """Put ``tokens`` back (a charge undone), up to the burst."""
+        self._t[key] = (min(self.burst, self.level(key) + tokens), self.clock())
+
     def retry_after(self, key: Any, cost: float = 1.0) -> float:
         """Seconds until ``cost`` tokens are there."""
         missing = min(cost, self.burst) - self.level(key)

@@ -62,11 +62,13 @@ WORK_NOTE = {
 @dataclass
 class Admitted:
     """What :meth:`Admission.admit` decided: ``inbound`` to hand to the dispatcher (its text
-    perhaps windowed, then ``windowed`` is True), or ``refusal``, the reply to send instead."""
+    perhaps windowed, then ``windowed`` is True), or ``refusal``, the reply to send instead;
+    ``charged``: the tokens taken from the user's work budget for it (:meth:`Admission.refund`)."""
 
     inbound: Inbound
     windowed: bool = False
     refusal: Reply | None = None
+    charged: float = 0.0
 
 
 class Admission:
@@ -182,10 +184,10 @@ class Admission:
             return Admitted(inbound, refusal=Reply(WORK_NOTE[lang], Intent.SYSTEM, lang))
         if not long or self._urgent(text, inbound.lang) or (in_handoff is not None and await in_handoff()):
             self._remember(key, False)
-            return Admitted(inbound)
+            return Admitted(inbound, charged=cost)
         self._remember(key, True)
         self.stats["windowed"] += 1
-        return self._windowed(inbound)
+        return replace(self._windowed(inbound), charged=cost)
 
     def _windowed(self, inbound: Inbound) -> Admitted:
         text, cut = window_text(inbound.text, self.limits.max_question_tokens)
@@ -199,6 +201,13 @@ class Admission:
         self._admitted[key] = windowed
         if len(self._admitted) > TABLE_MAX:
             self._admitted.popitem(last=False)
+
+    def refund(self, inbound: Inbound, admitted: Admitted) -> None:
+        """Undo :meth:`admit`'s charge for ``inbound``, refused after it (a replayed WeChat request,
+        :class:`bot.dedup.ReplayRefused`): a forged body naming someone never spends their budget."""
+        if admitted.charged:
+            self._admitted.pop(f"{inbound.channel}:{inbound.user_id}:{inbound.message_id}", None)
+            self.users.give(f"{inbound.channel}:{inbound.user_id}", admitted.charged)
 
     @staticmethod
     def noted(reply: Reply, original_text: str) -> Reply:

@@ -16,13 +16,15 @@ class StoreError(RuntimeError):
 class ClaimRead(NamedTuple):
     """What :meth:`Store.claim_and_read` found: whether this call claimed the key, the string at
     each key of ``strings`` (None where absent, expired or a list), the list at each key of
-    ``lists`` (oldest first, [] where absent, expired or a string) and whether a token was taken
-    from ``bucket`` (None: no bucket given)."""
+    ``lists`` (oldest first, [] where absent, expired or a string), whether a token was taken
+    from ``bucket`` (None: no bucket given) and whether ``record``'s key held another value
+    (``conflict``: nothing else was done; the strings are then None and the lists empty)."""
 
     claimed: bool
     strings: list[str | None]
     lists: list[list[str]]
     token: bool | None = None
+    conflict: bool = False
 
 
 #: A token bucket for :meth:`Store.claim_and_read`: (key, rate in tokens a second, burst in tokens).
@@ -61,7 +63,8 @@ class Store(Protocol):
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
                              lists: Sequence[str] = (), bucket: Bucket | None = None,
-                             if_found: tuple[str, float | None] | None = None) -> ClaimRead:
+                             if_found: tuple[str, float | None] | None = None,
+                             record: tuple[str, str, float | None] | None = None) -> ClaimRead:
         """:meth:`get_many` of ``strings``, :meth:`read_all` of each of ``lists``, :meth:`set_if_absent`
         of ``key`` and :meth:`take_token` of ``bucket``, in that order, in one round trip (one
         transaction on SQLite; one pipeline on Redis: each command atomic on its own, the group not):
@@ -69,6 +72,9 @@ class Store(Protocol):
 
         ``if_found``: ``(value, ttl_s)`` the claim stores instead when a read finds something (a string,
         or a list with items), decided atomically with the reads (one Lua script on Redis).
+        ``record``: ``(key, value, ttl_s)`` stored first if ``key`` is absent; where ``key`` holds
+        another value nothing else is done (no read, claim or token) and ``conflict`` is True, decided
+        atomically with the claim (a WeChat request's replay record, bot/dedup.py).
         Raises StoreError when any of them fails."""
         ...
 

@@ -53,8 +53,10 @@ class MemoryStore:
         return True
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings=(), lists=(),
-                             bucket: Bucket | None = None, if_found: tuple[str, float | None] | None = None
-                             ) -> ClaimRead:
+                             bucket: Bucket | None = None, if_found: tuple[str, float | None] | None = None,
+                             record: tuple[str, str, float | None] | None = None) -> ClaimRead:
+        if record is not None and not await MemoryStore.set_if_absent(self, *record) and self._live(record[0]) != record[1]:
+            return ClaimRead(False, [None] * len(strings), [[] for _ in lists], None, conflict=True)
         read = [self._text(k) for k in strings], [self._list(k) for k in lists]
         if if_found is not None and (any(v is not None for v in read[0]) or any(read[1])):
             value, ttl_s = if_found

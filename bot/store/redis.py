@@ -67,8 +67,10 @@ end
 return 0
 """
 
-# KEYS[1] bucket; ARGV rate (tokens/s), burst (tokens). State: tokens, ts (server time, s).
+# KEYS[1] bucket; ARGV rate (tokens/s), burst (tokens). State: tokens, ts (server time, s). With KEYS[2]
+# and ARGV[3] (a claim's record, bot/store/base.py): no token unless KEYS[2] holds ARGV[3].
 _TAKE_TOKEN = """
+if #KEYS > 1 and (redis.call('TYPE', KEYS[2]).ok ~= 'string' or redis.call('GET', KEYS[2]) ~= ARGV[3]) then return 0 end
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local t = redis.call('TIME')
@@ -119,11 +121,21 @@ redis.call('DEL', KEYS[1])
 return items
 """
 
-# KEYS[1] the claim, then ARGV[5] string keys, then list keys; ARGV value, its PX ms, the value and PX
-# if a read finds something ('' = no expiry). A key of another type reads as absent (as in get_many and
-# read_all). The reads and the choice of value are atomic with the claim.
+# KEYS[1] the claim, then ARGV[5] string keys, then list keys, then the record's key if ARGV[6] is '1';
+# ARGV value, its PX ms, the value and PX if a read finds something ('' = no expiry), the number of string
+# keys, whether there is a record, its value and PX. A key of another type reads as absent (as in get_many
+# and read_all). The record, the reads and the choice of value are atomic with the claim; a record key
+# holding another value (or a list) stops the script before any read: {0, {}, {}, 1}.
 _CLAIM_AND_READ = """
 local n = tonumber(ARGV[5])
+local last = #KEYS
+if ARGV[6] == '1' then
+  local rk = KEYS[last]
+  last = last - 1
+  local ok
+  if ARGV[8] == '' then ok = redis.call('SET', rk, ARGV[7], 'NX') else ok = redis.call('SET', rk, ARGV[7], 'NX', 'PX', ARGV[8]) end
+  if not ok and (redis.call('TYPE', rk).ok ~= 'string' or redis.call('GET', rk) ~= ARGV[7]) then return {0, {}, {}, 1} end
+end
 local found = false
 local strings = {}
 for i = 1, n do
@@ -133,7 +145,7 @@ for i = 1, n do
   strings[i] = v
 end
 local lists = {}
-for i = n + 2, #KEYS do
+for i = n + 2, last do
   local items = {}
   if redis.call('TYPE', KEYS[i]).ok == 'list' then items = redis.call('LRANGE', KEYS[i], 0, -1) end
   if #items > 0 then found = true end
@@ -161,9 +173,14 @@ def _px(ttl_s: float | None) -> int | str:
     return "" if ttl_s is None else _ms(ttl_s)
 
 
-def _take_token_on(pipe: Any, key: str, rate_per_s: float, burst: int) -> None:
-    """Puts :data:`_TAKE_TOKEN` for the bucket at ``key`` on ``pipe``."""
-    pipe.eval(_TAKE_TOKEN, 1, BUCKET_PREFIX + key, repr(float(rate_per_s)), int(burst))
+def _take_token_on(pipe: Any, key: str, rate_per_s: float, burst: int,
+                   record: tuple[str, str, float | None] | None = None) -> None:
+    """Puts :data:`_TAKE_TOKEN` for the bucket at ``key`` on ``pipe``; with ``record`` (``key, value, ttl_s``)
+    no token is taken unless the record's key holds its value."""
+    if record is None:
+        pipe.eval(_TAKE_TOKEN, 1, BUCKET_PREFIX + key, repr(float(rate_per_s)), int(burst))
+    else:
+        pipe.eval(_TAKE_TOKEN, 2, BUCKET_PREFIX + key, record[0], repr(float(rate_per_s)), int(burst), record[1])
 
 
 def redacted_url(url: str) -> str:
@@ -320,18 +337,23 @@ class RedisStore:
 
     async def claim_and_read(self, key: str, value: str, ttl_s: float | None = None, strings: Sequence[str] = (),
                              lists: Sequence[str] = (), bucket: Bucket | None = None,
-                             if_found: tuple[str, float | None] | None = None) -> ClaimRead:
-        """One script (:data:`_CLAIM_AND_READ`: the reads, then ``SET key value NX [PX ms]``, or
-        ``if_found``'s value when a read found something), and the token bucket's script, in one pipeline."""
-        keys = [key, *strings, *lists]
+                             if_found: tuple[str, float | None] | None = None,
+                             record: tuple[str, str, float | None] | None = None) -> ClaimRead:
+        """One script (:data:`_CLAIM_AND_READ`: the record, the reads, then ``SET key value NX [PX ms]``,
+        or ``if_found``'s value when a read found something), and the token bucket's script, in one
+        pipeline; the bucket's script takes no token where the record's key holds another value."""
+        keys = [key, *strings, *lists, *((record[0],) if record else ())]
         other, other_ttl_s = if_found or (value, ttl_s)
+        kept = ("1", record[1], _px(record[2])) if record else ("", "", "")
 
         def add(pipe: Any) -> None:
-            pipe.eval(_CLAIM_AND_READ, len(keys), *keys, value, _px(ttl_s), other, _px(other_ttl_s), len(strings))
+            pipe.eval(_CLAIM_AND_READ, len(keys), *keys, value, _px(ttl_s), other, _px(other_ttl_s), len(strings), *kept)
             if bucket is not None:
-                _take_token_on(pipe, *bucket)
+                _take_token_on(pipe, *bucket, record=record)
         replies = await self._send(add, 1 + (bucket is not None))
-        claimed, found, read = replies[0]
+        claimed, found, read, *conflict = replies[0]
+        if conflict:
+            return ClaimRead(False, [None] * len(strings), [[] for _ in lists], None, conflict=True)
         return ClaimRead(bool(claimed), list(found), [list(items) for items in read],
                          None if bucket is None else bool(replies[1]))
 
