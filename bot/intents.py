@@ -26,7 +26,7 @@ from typing import Callable
 import yaml
 
 from bot.types import Intent
-from safety.normalize import Normalized
+from safety.normalize import Normalized, memoized
 
 __all__ = ["rule_intent", "intent_reply", "unsupported_reply", "care_team_reply", "is_aftercare", "is_medical_diet",
            "CARE_TEAM_RULES", "MEDICAL_DIET_CONDITIONS", "MEDICAL_DIET_REPLY", "GREETING_TOKENS",
@@ -146,6 +146,7 @@ def is_aftercare(norm: Normalized) -> bool:
     return _CARE_MATCHERS["aftercare"](norm)
 
 
+@memoized
 def care_team_reply(norm: Normalized, lang: str) -> tuple[str, str] | None:
     """``(rule name, reply in lang)`` of the first :data:`CARE_TEAM_RULES` entry that matches
     (``"zh"``, else English, as :func:`intent_reply`), or None. Checked after triage and the
@@ -167,6 +168,7 @@ def _is_greeting(text: str) -> bool:
             and not _QUESTION.search(text))
 
 
+@memoized
 def rule_intent(norm: Normalized) -> Intent | None:
     """Classify a message by rule, or return ``None`` to let retrieval decide.
 
@@ -242,6 +244,7 @@ _ABUSE_FILLER = re.compile(_regex(_DATA["abuse"]["filler"]))
 _ABUSE_MAX_LEFT: int = _DATA["abuse"]["max_left"]
 
 
+@memoized
 def is_abuse(norm: Normalized) -> bool:
     """True when the message is only an insult (no question left once the insult is removed)."""
     text = norm.text.strip().lower()

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from bot.knowledge import LANGS, KnowledgeBase
-from safety.normalize import normalize
+from safety.normalize import memoized, normalize
 
 TABLE = Path(__file__).with_name("topic_scope.yaml")
 
@@ -55,14 +55,13 @@ class TopicScope:
         for g in self.groups:
             self.covered[g.id] = frozenset(texts).difference(g.rules_out) if g.rules_out else frozenset(
                 g.topics) | frozenset(tid for tid, qs in texts.items() if any(g.cues.search(q) for q in qs))
+        #: :meth:`named`, remembered for repeated texts (one group search each, every message)
+        self._named = memoized(lambda text: tuple(g.id for g in self.groups if g.cues.search(text)))
 
     def named(self, text: str) -> list[str]:
-        """Ids of the groups a normalized message names."""
-        return [g.id for g in self.groups if g.cues.search(text)]
+        """Ids of the groups a normalized message names, in table order."""
+        return list(self._named(text))
 
     def uncovered(self, text: str, topic_id: str) -> str | None:
         """The first group ``text`` names that ``topic_id`` does not cover, or None when the topic fits."""
-        for g in self.groups:
-            if g.cues.search(text) and topic_id not in self.covered[g.id]:
-                return g.id
-        return None
+        return next((g for g in self._named(text) if topic_id not in self.covered[g]), None)

@@ -21,15 +21,20 @@ frozen, so a shared result is safe.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import opencc
 
-__all__ = ["MEMO_MAX_CHARS", "MEMO_SIZE", "Normalized", "normalize", "to_user_script", "to_simplified", "detect_lang"]
+__all__ = ["MEMO_MAX_CHARS", "MEMO_SIZE", "Normalized", "memoized", "normalize", "to_user_script", "to_simplified",
+           "detect_lang"]
+
+R = TypeVar("R")
 
 MEMO_SIZE = 4096
 """Texts whose normalized form (and, apart, whose OpenCC conversions) are remembered."""
@@ -129,12 +134,27 @@ def normalize(text: str) -> Normalized:
         :class:`Normalized` with the cleaned text, the original, the language and
         the script the user wrote in.
     """
-    original = text or ""
-    if len(original) <= MEMO_MAX_CHARS:
-        return _normalize_memo(original)
-    return _normalize(original)
+    return _normalize(text or "")
 
 
+def memoized(fn: Callable[..., R]) -> Callable[..., R]:
+    """``fn`` with its results remembered (:data:`MEMO_SIZE` calls, LRU) when its first argument, a
+    text (str or :class:`Normalized`), has at most :data:`MEMO_MAX_CHARS` characters: for the pure
+    readers of a message (normalization, the red-flag and scope rules, the intent rules), each asked
+    once a message or more and again for every repeat of a popular question. ``fn`` must be pure,
+    its arguments hashable and its results immutable (they are shared)."""
+    memo = lru_cache(maxsize=MEMO_SIZE)(fn)
+
+    @functools.wraps(fn)
+    def call(text: Any, *args: Any) -> R:
+        size = len(text.original if isinstance(text, Normalized) else text)
+        return memo(text, *args) if size <= MEMO_MAX_CHARS else fn(text, *args)
+
+    call.cache_clear = memo.cache_clear  # type: ignore[attr-defined]
+    return call
+
+
+@memoized
 def _normalize(original: str) -> Normalized:
     s = unicodedata.normalize("NFKC", original).translate(_QUOTES)
     s = _WECHAT_EMOTICON.sub(" ", s)
@@ -151,9 +171,6 @@ def _normalize(original: str) -> Normalized:
     # Punctuation left alone at the very start ("，你好") is noise.
     s = s.lstrip(",.;:，。、；：!?！？ ")
     return Normalized(text=s, original=original, lang=detect_lang(s), script=script, variant=variant)
-
-
-_normalize_memo = lru_cache(maxsize=MEMO_SIZE)(_normalize)
 
 
 def _convert(config: str, text: str) -> str:

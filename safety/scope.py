@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from safety.normalize import normalize
+from safety.normalize import memoized, normalize
 from safety.regex_screen import LiteralIndex, all_required_literals
 
 __all__ = ["ScopeResult", "ScopeRule", "SCOPE_RULES", "DEPARTMENTS", "check_scope", "matching_rule", "refer_reply"]
@@ -152,6 +152,7 @@ def refer_reply(reason: str, lang: str, text: str = "") -> str:
     return template.format(dept=zh_dept if lang == "zh" else en_dept)
 
 
+@memoized
 def check_scope(text: str, lang: str) -> ScopeResult | None:
     """Decide whether a question asks for a diagnosis, dose, prescription, a change
     of medicine, a report reading or a price, asks about drinking on antibiotics or a
@@ -187,6 +188,7 @@ def without_non_drug(text: str) -> str:
     return without_medicine_avoided(_XRAY.sub(" ", text))
 
 
+@memoized
 def without_medicine_avoided(text: str) -> str:
     """A normalized message without the medicine it asks to do without (``non_drug``; ``non_drug_avoid``
     when the message also asks for other ways, ``non_drug_ask``): what retrieval and the decision head
@@ -202,6 +204,7 @@ def without_medicine_avoided(text: str) -> str:
 _SUPPLEMENTS = re.compile(r"维生素\w?|钙片|鱼油|叶酸|铁剂|保健品|\bvitamin \w+|\bsupplements?\b")
 
 
+@memoized
 def names_medicine(text: str) -> bool:
     """True when a normalized message names a medicine other than an everyday supplement
     (issue 20: a question about a named medicine goes to a doctor or pharmacist, never a

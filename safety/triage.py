@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from safety.config import SafetyConfig
-from safety.normalize import normalize, to_user_script
+from safety.normalize import memoized, normalize, to_user_script
 from safety.clause_context import cancelled, mandarin_view, split_sentence_clauses
 from safety.red_flag_rules import RedFlag, load_red_flags, load_replies
 from safety.regex_screen import LiteralIndex, all_required_literals, screen
@@ -122,6 +122,12 @@ def match_red_flags(text: str) -> list[str]:
     ``text`` may be the original message or its normalized form (characters,
     any length). For tests and logs; :func:`triage` builds the reply.
     """
+    return list(_red_flags(text))
+
+
+@memoized
+def _red_flags(text: str) -> tuple[str, ...]:
+    """:func:`match_red_flags`, remembered for repeated texts (:func:`~safety.normalize.memoized`)."""
     view = mandarin_view(normalize(text).text)
     clauses, ends = split_sentence_clauses(view)
     hits = []
@@ -136,7 +142,7 @@ def match_red_flags(text: str) -> list[str]:
         chronic_cancels = flag.category not in ("crisis", "infant_fever", "pregnancy", "dehydration", "bowel", "sepsis")
         if all(_find(p, clauses, not_before if i == 0 else None, chronic_cancels, ends) for i, p in enumerate(patterns)):
             hits.append(f"{flag.category}.{flag.name}")
-    return hits
+    return tuple(hits)
 
 
 # --------------------------------------------------------------------------------------
@@ -269,7 +275,7 @@ def triage(text: str, lang: str, cfg: SafetyConfig | None = None) -> TriageResul
         Traditional.
     """
     cfg = cfg or SafetyConfig()
-    hits = match_red_flags(text)
+    hits = _red_flags(text)
     if not hits:
         return None
     norm = normalize(text)
