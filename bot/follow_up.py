@@ -30,6 +30,7 @@ import yaml
 from bot.knowledge import FACETS, SEE_DOCTOR, KnowledgeBase, Topic
 from bot.retrieval import Retriever
 from bot.search_cache import SearchResult
+from safety.normalize import memoized
 
 RULES_PATH = Path(__file__).with_name("follow_up_rules.yaml")
 
@@ -155,6 +156,7 @@ def _remainder(text: str) -> tuple[str, bool]:
     return rest, bool(lead)
 
 
+@memoized
 def read_follow_up(text: str) -> FollowUp | None:
     """The facet a short follow-up asks for, or ``None`` when ``text`` is not one.
 
@@ -190,6 +192,7 @@ def _read_one(text: str) -> FollowUp | None:
     return None
 
 
+@memoized
 def read_cue(text: str) -> tuple[FollowUp, bool] | None:
     """What a message with a facet cue anywhere in it would ask of the topic in context, and
     whether it ties itself to the last answer; ``None`` without a cue or past :data:`CUE_MAX_CHARS`
@@ -214,6 +217,7 @@ def read_cue(text: str) -> tuple[FollowUp, bool] | None:
     return (FollowUp(None), False) if _rules().more_loose.search(text) else None
 
 
+@memoized
 def read_tied_follow_up(text: str) -> FollowUp | None:
     """The population facet a message asks for when it names who it is for and ties itself to the
     answer just given ("我爸76了也这样 老年人要注意啥", "孕妇也脚肿 一样处理吗", "what about my dad, same
@@ -231,6 +235,7 @@ def read_tied_follow_up(text: str) -> FollowUp | None:
     return next((FollowUp(name) for name, tie in rules.same if cues[name].search(text) and tie.search(text)), None)
 
 
+@memoized
 def read_named_facet(text: str) -> FollowUp | None:
     """The first facet (the rules' ``loose_order``) whose cue appears anywhere in ``text``
     (normalized), whatever its length; None without one. Also for a message that retrieval already
@@ -261,6 +266,7 @@ def without_cues(text: str) -> str:
     return rules.more_loose.sub(" ", text)
 
 
+@memoized
 def refers_back(text: str) -> bool:
     """True when ``text`` (normalized) points back at what was just said without naming it: a
     demonstrative or pronoun ("这个要紧吗", "will it go away?") or a verb whose object is left out

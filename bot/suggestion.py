@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from bot.knowledge import FACETS, SEE_DOCTOR, SEE_DOCTOR_HEADING, KnowledgeBase, Topic
+from safety.normalize import memoized
 
 RULES_PATH = Path(__file__).with_name("suggestion_rules.yaml")
 #: Most topics one offer lists.
@@ -45,6 +46,7 @@ def _patterns() -> tuple[re.Pattern[str], ...]:
     return (whole(rules["refuse"]), *(whole(c) for c in rules["choose"]))
 
 
+@memoized
 def answer_to_offer(text: str) -> int | None:
     """What a normalized message (Simplified Chinese, lowercase Latin) says to an offer, if it is
     nothing else: the 0-based index of the topic chosen (a bare yes, "是的", "好的呀", "yes

@@ -32,6 +32,8 @@ import functools
 import hashlib
 import re
 
+from safety.normalize import memoized
+
 __all__ = ["mask_pii", "mask_bot_text", "fold", "PII_PATTERNS"]
 
 #: Characters folded for matching, each to one ASCII character (same length, so spans align).
@@ -110,6 +112,7 @@ def mask_bot_text(text: str) -> str:
     return mask_pii(text)
 
 
+@memoized
 def pseudonym(user_id: str) -> str:
     """A stable, non-reversible stand-in for a channel user id (WeChat OpenID, Telegram id) in logs.
 
