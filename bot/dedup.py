@@ -105,22 +105,22 @@ class OnceCache(Generic[T]):
     def __init__(self) -> None:
         self._inflight: dict[Hashable, asyncio.Future[T]] = {}
 
-    async def run(self, key: Hashable, compute: Callable[[], Awaitable[T]]) -> T:
-        """The result for ``key``: a call made while one for ``key`` runs awaits that one.
+    async def run(self, key: Hashable, compute: Callable[[], Awaitable[T]],
+                  joining: Callable[[], Awaitable[None]] | None = None) -> T:
+        """The result for ``key``: a call made while one for ``key`` runs awaits that one, after
+        ``joining()`` (a check the shared computation made only for its own caller).
 
         Raises:
-            whatever ``compute`` raised, to every caller waiting on that key.
+            whatever ``compute`` raised, to every caller waiting on that key; whatever ``joining`` raised.
         """
         fut = self._inflight.get(key)
+        if fut is not None and joining is not None:
+            await joining()
         if fut is None:
             fut = asyncio.ensure_future(compute())
             self._inflight[key] = fut
             fut.add_done_callback(lambda _, k=key: self._inflight.pop(k, None))
         return await asyncio.shield(fut)
-
-    def running(self, key: Hashable) -> bool:
-        """Whether a computation for ``key`` is in flight (a call now would share it)."""
-        return key in self._inflight
 
     async def drain(self) -> None:
         """Wait for every in-flight computation (graceful shutdown)."""

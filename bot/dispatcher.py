@@ -30,7 +30,7 @@ from bot import metrics
 from bot.classifier import DecisionHead
 from bot.config import Config
 from bot.decision import decide
-from bot.dedup import ExactlyOnce, MessageState, OnceCache, ReplayRefused, message_key
+from bot.dedup import ExactlyOnce, MessageState, OnceCache, message_key
 from bot.follow_up import (FACET_AFTER_REFERRAL, SEE_DOCTOR, FollowUpPlan, after_crisis_reply, ask_back_reply,
                            asks_in_general, below_referral, follow_up_reply, has_facet, more_reply, new_subject_of,
                            read_follow_up, read_named_facet)
@@ -90,6 +90,7 @@ class Dispatcher:
         self.sessions = Sessions(self.store)
         self.once: OnceCache[Reply] = OnceCache()
         self.exactly_once = ExactlyOnce(self.store)
+        self.replay_store: Store = self.store  # where handle() records Inbound.replay_record, with the claim
         self.unanswered = UnansweredRecorder(cfg.knowledge)  # knowledge.record_unanswered
 
     async def _without_store(self, operation: str, call: Awaitable[T], fallback: T) -> T:
@@ -125,27 +126,13 @@ class Dispatcher:
     def kb(self) -> KnowledgeBase:
         return self.retriever.kb
 
-    @property
-    def replay_store(self) -> Store:
-        """Where :meth:`handle` records ``Inbound.replay_record``, with the message's claim
-        (adapters/wechat/webhook.py)."""
-        return self.exactly_once.store
-
     async def handle(self, inbound: Inbound) -> Reply:
         """The reply to ``inbound``; a retried message returns the first computation's reply.
 
-        Never raises for bad input or an overloaded pool: those become polite replies.
-        A retry answered without computing (in flight here, or stored by any replica) counts in
-        ``healthbot_dedup_hits_total``.
-
-        Raises:
-            bot.dedup.ReplayRefused: ``inbound.replay_record`` conflicts with the store's (the channel
-                refuses the request).
-        """
+        Never raises for bad input or an overloaded pool (polite replies), only bot.dedup.ReplayRefused for a
+        conflicting ``inbound.replay_record``. A retry answered without computing (in flight here, or stored by
+        any replica) counts in ``healthbot_dedup_hits_total``."""
         computed = False
-        key = message_key(inbound)
-        if self.once.running(key):  # sharing a computation: its claim does not record this delivery
-            await self.exactly_once.check_record(inbound)
 
         def compute(state: MessageState):
             nonlocal computed
@@ -155,15 +142,11 @@ class Dispatcher:
         reads = (self.handoff.session_key(inbound.channel, inbound.user_id),
                  self.sessions.key(inbound.channel, inbound.user_id),
                  self.handoff.turns_key(inbound.channel, inbound.user_id))
-        refused = False
-        try:
-            return await self.once.run(key, lambda: self.exactly_once.run(inbound, compute, reads, self._bucket(inbound)))
-        except ReplayRefused:
-            refused = True
-            raise
-        finally:
-            if not computed and not refused:  # answered by an in-flight or stored computation
-                metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
+        reply = await self.once.run(message_key(inbound), lambda: self.exactly_once.run(
+            inbound, compute, reads, self._bucket(inbound)), joining=lambda: self.exactly_once.check_record(inbound))
+        if not computed:  # answered by an in-flight or stored computation
+            metrics.DEDUP_HITS.labels(channel=inbound.channel).inc()
+        return reply
 
     def _read(self, state: MessageState, operation: str, key: str) -> str | None:
         """``state``'s value at ``key``; None if the store failed (the outage reported as ``operation``)."""
