@@ -27,6 +27,10 @@ Request checks, in order (each answers a short plain-text body, never a trace):
   field holding elements, a repeated field): 400. Parsing lives in
   :mod:`adapters.wechat.parsing`; in the encrypted modes ``<Encrypt>`` is found
   without an XML parser and ``msg_signature`` checked before the envelope is parsed.
+* replay (plaintext mode) — a (timestamp, nonce) seen before with another body: 403
+  ``replayed nonce``. A text message for the dispatcher carries the record to its
+  dedup claim (one store round trip, bot/dedup.py); a "1", a feedback click or an
+  event is checked on its own first (:mod:`adapters.wechat.webhook`).
 
 Modes (``wechat.mode``): ``plaintext``; ``safe`` — every POST is AES-encrypted
 (``encrypt_type=aes``), decrypted with ``msg_signature`` and answered encrypted;
