@@ -351,11 +351,8 @@ def after_crisis_reply(kb: KnowledgeBase, topic: Topic, text: str, lang: str) ->
     (bot/decision.py ``crisis_sure``): the facet of ``topic`` that ``text`` names, else what else can be
     asked, after a line that ties it to the earlier question. Never instead of the crisis reply."""
     named = read_named_facet(text)
-    body = (follow_up_reply(kb, topic, named.facet, lang, hint=True)[2] if named
-            else _what_else(topic, lang))  # the main answer went out before
-    if lang == "zh":
-        return f"另外，关于你前面问的「{topic.title['zh']}」：\n{body}"
-    return f"And on what you asked about \u201c{topic.title['en']}\u201d earlier:\n{body}"
+    return _tied(topic, lang, follow_up_reply(kb, topic, named.facet, lang, hint=True)[2] if named
+                 else _what_else(topic, lang))  # the main answer went out before
 
 
 def below_referral(topic: Topic | None, asked: FollowUp | None, lang: str) -> str | None:
@@ -367,10 +364,14 @@ def below_referral(topic: Topic | None, asked: FollowUp | None, lang: str) -> st
     if topic is None or asked is None or asked.facet is None or (
             asked.facet != SEE_DOCTOR and asked.facet not in topic.facets):
         return None
-    body = facet_reply(topic, asked.facet, lang)[0]
+    return _tied(topic, lang, facet_reply(topic, asked.facet, lang)[0])
+
+
+def _tied(topic: Topic, lang: str, body: str) -> str:
+    """``body`` (``topic``'s text) below another reply, after a line that ties it to the earlier question."""
     if lang == "zh":
-        return f"另外，接着你前面问的「{topic.title['zh']}」：\n{body}"
-    return f"And on \u201c{topic.title['en']}\u201d, which you asked about before:\n{body}"
+        return f"另外，关于你前面问的「{topic.title['zh']}」：\n{body}"
+    return f"And on what you asked about \u201c{topic.title['en']}\u201d earlier:\n{body}"
 
 
 def ask_back_reply(lang: str) -> str:

@@ -361,7 +361,7 @@ async def test_a_medicine_question_about_the_topic_just_answered_gets_the_referr
     t = dispatcher.kb.topics[topic]
     assert reply.intent is Intent.REFER_DOCTOR and reply.topic == topic, reply
     referral_at, facet_at = reply.text.find("不能推荐药物"), reply.text.find(t.facet_text(facet, "zh")[:20])
-    assert 0 <= referral_at < facet_at and "另外，接着你前面问的「" in reply.text, reply.text
+    assert 0 <= referral_at < facet_at and "另外，关于你前面问的「" in reply.text, reply.text
     assert t.answer["zh"][:20] not in reply.text
     assert (await dispatcher.handle(_msg(user + "-other", 1, "失眠怎么调理"))).topic == "sleep.insomnia"
     other = await dispatcher.handle(_msg(user + "-other", 2, "我家孩子发烧能吃布洛芬吗"))
