@@ -118,6 +118,8 @@ class _LateDispatcher:
 
         decision = await self.admission.admit(inbound, in_handoff if handoff is not None else None)
         if decision.refusal is not None:
+            if inbound.replay_record is not None:  # refused before the claim that records it: recorded now
+                await target.exactly_once.check_record(inbound)
             return decision.refusal
         try:
             reply = await target.handle(decision.inbound)

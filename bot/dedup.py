@@ -142,7 +142,8 @@ class ExactlyOnce:
 
     async def check_record(self, inbound: Inbound) -> None:
         """``inbound.replay_record`` recorded on its own, for a delivery that shares a computation
-        already running in this process (which never reaches :meth:`run`'s claim).
+        already running in this process (which never reaches :meth:`run`'s claim), or one refused
+        before the dispatcher (bot/app.py: the admission's work budget).
 
         Raises:
             ReplayRefused: the key holds another value.
@@ -151,8 +152,8 @@ class ExactlyOnce:
             return
         key, value, ttl_s = inbound.replay_record
         try:
-            if await self.store.set_if_absent(key, value, ttl_s) or await self.store.get(key) == value:
-                return
+            if await self.store.set_if_absent(key, value, ttl_s) or (seen := await self.store.get(key)) in (None, value):
+                return  # recorded now, the same body again (a re-delivery), or expired meanwhile
         except StoreError as exc:  # let through, as run() does
             store_unavailable("replay_check", exc)
             return

@@ -9,6 +9,7 @@ No model: the dispatcher is a stand-in that costs time in proportion to the text
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
@@ -23,7 +24,7 @@ from bot.admission import (ADMISSION_KEY, LONG_NOTE, WORK_NOTE, Admission, Admis
                            estimate_tokens, make_middleware, window_text)
 from bot.app import _LateDispatcher, create_app
 from bot.config import Config, ConfigError, load_config
-from bot.dedup import ReplayRefused
+from bot.dedup import ExactlyOnce, ReplayRefused
 from bot.store import MemoryStore
 from bot.types import Inbound, Intent, MessageKind, Reply
 
@@ -175,6 +176,32 @@ async def test_a_replayed_request_refused_after_admission_gives_the_users_budget
     late.target = real = CostDispatcher()
     replies = [await late.handle(_inbound(LONG, msg=f"m{i}")) for i in range(3)]
     assert [r.text == WORK_NOTE["zh"] for r in replies] == [False, False, True] and len(real.texts) == 2
+
+
+async def test_a_request_refused_for_its_budget_is_still_recorded_against_replays():
+    """A WeChat request the work budget refuses never reaches the claim that records its (timestamp, nonce)
+    (bot/dedup.py); it is recorded on its own, so its captured query string cannot come back with another body."""
+    class Recording(CostDispatcher):  # records as the real dispatcher's claim does, then answers
+        def __init__(self):
+            super().__init__()
+            self.exactly_once = ExactlyOnce(MemoryStore())
+
+        async def handle(self, inbound):
+            await self.exactly_once.check_record(inbound)
+            return await super().handle(inbound)
+
+    adm = Admission(AdmissionConfig(user_tokens_per_minute=0.001, user_token_burst=BUDGET), safety=Config().safety)
+    late = _LateDispatcher(adm)
+    late.target = Recording()
+    await late.handle(_inbound(LONG, msg="m0"))  # spends the budget
+    record = ("wechat:nonce:1:2", "digest-a", 600.0)
+    refused = await late.handle(dataclasses.replace(_inbound(LONG, msg="m1"), replay_record=record))
+    assert refused.text == WORK_NOTE["zh"]
+    assert await late.target.exactly_once.store.get(record[0]) == "digest-a"
+    forged = dataclasses.replace(_inbound(LONG, user="u2", msg="m2"), replay_record=(record[0], "digest-b", 600.0))
+    with pytest.raises(ReplayRefused):
+        await late.handle(forged)
+    assert len(late.target.texts) == 1  # the forged body was never computed
 
 
 async def test_the_admission_section_of_the_config_sets_the_limits(tmp_path):
