@@ -152,7 +152,7 @@ class ExactlyOnce:
             return
         key, value, ttl_s = inbound.replay_record
         try:
-            if await self.store.set_if_absent(key, value, ttl_s) or (seen := await self.store.get(key)) in (None, value):
+            if await self.store.set_if_absent(key, value, ttl_s) or await self.store.get(key) in (None, value):
                 return  # recorded now, the same body again (a re-delivery), or expired meanwhile
         except StoreError as exc:  # let through, as run() does
             store_unavailable("replay_check", exc)
