@@ -54,6 +54,18 @@ class ReplayRefused(Exception):
     computed or counted for it."""
 
 
+async def record_once(store: Store, record: tuple[str, str, float | None]) -> bool:
+    """Store ``record`` (``key, value, ttl_s``) unless ``key`` holds a value; False only when it holds
+    another one (a replayed request's record, :class:`ReplayRefused`). True when stored now, when the same
+    value was there (a re-delivery), or when it expired between the two store calls.
+
+    Raises:
+        StoreError: the store failed (callers let the request through, counted).
+    """
+    key, value, ttl_s = record
+    return await store.set_if_absent(key, value, ttl_s) or await store.get(key) in (None, value)
+
+
 def message_key(inbound: Inbound) -> str:
     """``<channel>:<user>:<message id>``: one message's identity for exactly-once delivery.
 
@@ -150,10 +162,9 @@ class ExactlyOnce:
         """
         if inbound.replay_record is None:
             return
-        key, value, ttl_s = inbound.replay_record
         try:
-            if await self.store.set_if_absent(key, value, ttl_s) or await self.store.get(key) in (None, value):
-                return  # recorded now, the same body again (a re-delivery), or expired meanwhile
+            if await record_once(self.store, inbound.replay_record):
+                return
         except StoreError as exc:  # let through, as run() does
             store_unavailable("replay_check", exc)
             return

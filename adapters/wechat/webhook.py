@@ -31,11 +31,11 @@ from adapters.wechat.replies import render_text_reply, render_transfer_reply
 from adapters.wechat.store_state import NO_ANSWER, REPLAY_KEY, DispatcherLike, PassiveAnswer
 from bot.admission import ADMISSION_KEY, Admission
 from bot.config import Config, ConfigError
+from bot.dedup import ReplayRefused, record_once
 from bot.feedback import FeedbackBook
 from bot.handoff import HandoffManager, PlatformAgentRelay
 from bot.store import Store, open_store
 from bot.store.health import store_unavailable
-from bot.dedup import ReplayRefused
 from bot.types import Inbound, MessageKind, Reply
 
 log = structlog.get_logger("healthbot.wechat")
@@ -173,16 +173,13 @@ class WechatAdapter(PassiveDelivery):
         Raises:
             Reject: 403 ``replayed nonce``.
         """
-        key, digest, ttl_s = record
         try:
-            if await self.store.set_if_absent(key, digest, ttl_s=ttl_s):
+            if await record_once(self.store, record):
                 return
-            seen = await self.store.get(key)
         except Exception as exc:  # noqa: BLE001 — any store failure: let the request through, counted
             store_unavailable("replay_check", exc)
             return
-        if seen is not None and seen != digest:
-            raise _replayed()
+        raise _replayed()
 
     def _is_encrypted(self, query: Any) -> bool:
         if self.cfg.mode == "safe":
