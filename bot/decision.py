@@ -11,7 +11,10 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
 1. danger = p(emergency) + p(crisis) >= ``danger_full`` -> the emergency reply, or the
    crisis reply when p(crisis) > p(emergency); p(crisis) >= ``crisis_full`` alone -> the
    crisis reply (a wish not to wake up must never get sleep tips: a gentle crisis reply
-   to someone who is only low costs little, a missed one can cost a life);
+   to someone who is only low costs little, a missed one can cost a life). Not when the
+   message tells the danger as over (safety/settled.py: "前几天胸口闷了一下 现在好了") and
+   the head reads an emergency, not a crisis: then, as for a red flag told as over, the
+   reply below goes out with the safety net, and p(answer) is read among the non-danger labels;
 2. otherwise danger >= ``danger_net`` sets a safety net: whatever is decided below goes
    out with a line naming the warning signs and when to call 120 (safety/safety_net.py); the
    crisis line only at p(crisis) >= ``crisis_net``;
@@ -137,7 +140,7 @@ class Decision:
 def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None, scope: bool, care_team: bool,
            off_topic: str | None, retrieval_confidence: float, min_confidence: float,
            scope_gap: str | None = None, names_medicine: bool = False, topic_fit: float = 0.0,
-           contested: bool = False) -> Decision:
+           contested: bool = False, danger_over: bool = False, flagged: bool = False) -> Decision:
     """Apply the policy of this module's docstring.
 
     Args:
@@ -154,15 +157,22 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         topic_fit: the verifier's probability that the best topic answers the question.
         contested: the topic prior, not the hybrid score, put the best topic first
             (``SearchResult.contested``): the answer needs P(fit) >= ``topic_fit_contested``.
+        danger_over: the message tells the danger as over (safety/settled.py): an emergency the
+            head reads gets the safety net instead of the full reply.
+        flagged: a red flag matched, told as over: the safety net goes out whatever the head reads.
     """
     danger = probs["emergency"] + probs["crisis"]
     kind = "crisis" if probs["crisis"] > probs["emergency"] else "emergency"
     notes = {"p_" + k: round(v, 3) for k, v in probs.items() if v >= 0.01}
-    if danger >= cfg.danger_full or probs["crisis"] >= cfg.crisis_full:
+    full = danger >= cfg.danger_full or probs["crisis"] >= cfg.crisis_full
+    over = danger_over and kind == "emergency" and probs["crisis"] < cfg.crisis_full
+    if full and not over:
         return Decision(Intent.EMERGENCY, "head", kind=kind, notes=notes)
     net = kind if danger >= cfg.danger_net else ""
     if net == "crisis" and probs["crisis"] < cfg.crisis_net:
         net = "emergency" if probs["emergency"] >= cfg.danger_net else ""
+    if flagged or full:  # the warning signs of the flag told as over, not the crisis line ("吓死我了")
+        net = "emergency" if flagged else net or "emergency"
 
     def out(intent: Intent, source: str, fit: float = 0.0, offer: bool = False) -> Decision:
         return Decision(intent, source, safety_net=net, fit=fit, notes=notes, offer=offer)
@@ -188,7 +198,8 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
     topic_stands = scope_gap is None and off_topic is None and retrieval_confidence >= min_confidence
     # Below ``danger_answer`` the net line answers the danger, and whether the rest is an answer is
     # judged among the other labels (a bee sting "with no other symptoms" at p(emergency) 0.54)
-    p_answer = probs["answer"] / (1.0 - danger) if net and danger < cfg.danger_answer else probs["answer"]
+    p_answer = (probs["answer"] / max(1.0 - danger, 1e-9) if net and (danger < cfg.danger_answer or danger_over)
+                else probs["answer"])
     if p_answer < cfg.answer:  # P(fit) is reported only with an offer: no topic is in play otherwise
         offer = topic_stands and topic_fit >= cfg.topic_fit
         return out(Intent.NO_ANSWER, "head", fit=topic_fit if offer else 0.0, offer=offer)

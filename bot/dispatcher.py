@@ -57,6 +57,7 @@ from safety.normalize import normalize, to_user_script
 from safety.pii import mask_pii, pseudonym
 from safety.review import review
 from safety.safety_net import after_danger_line, safety_net
+from safety.settled import settled
 from safety.scope import check_scope, has_medicine, names_medicine, refer_reply, without_medicine_avoided
 from safety.triage import crisis_reply, triage
 
@@ -139,8 +140,7 @@ class Dispatcher:
             computed = True
             return self._timed(inbound, state)
 
-        reads = (self.handoff.session_key(inbound.channel, inbound.user_id),
-                 self.sessions.key(inbound.channel, inbound.user_id),
+        reads = (self.handoff.session_key(inbound.channel, inbound.user_id), self.sessions.key(inbound.channel, inbound.user_id),
                  self.handoff.turns_key(inbound.channel, inbound.user_id))
         reply = await self.once.run(message_key(inbound), lambda: self.exactly_once.run(
             inbound, compute, reads, self._bucket(inbound)), joining=lambda: self.exactly_once.check_record(inbound))
@@ -232,6 +232,8 @@ class Dispatcher:
             return Reply(unsupported_reply(lang), Intent.SYSTEM, lang), {"unsupported": inbound.raw.get("type")}
 
         urgent = triage(norm.text, lang, self.cfg.safety)
+        if over := (urgent.settled if urgent is not None else ""):  # told as over ("现在好了"): a net below, not 120 now
+            notes["settled"], notes["rule"], urgent = over, urgent.rule, None
         if urgent is None and is_end_handoff(norm):  # "结束人工", "end chat": the bot takes the chat back
             ended = in_handoff is not None and await self._without_store("handoff_end", self.handoff.end(
                 inbound.channel, inbound.user_id, by="user"), None)
@@ -322,7 +324,8 @@ class Dispatcher:
                    # a follow-up ("那饮食上呢") was retrieved within the topic it follows; the verifier,
                    # trained on whole questions, judges only questions that stand alone
                    topic_fit=(topic_fit.probability(found.fit_features, found.prior_terms)
-                              if found.context_vector is None else best.confidence), contested=found.contested)
+                              if found.context_vector is None else best.confidence), contested=found.contested,
+                   danger_over=bool(over or settled(norm.text)), flagged=bool(over))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:
@@ -378,8 +381,7 @@ class Dispatcher:
             offered = [best.topic_id] + [m.topic_id for m in found.matches[1:MAX_OFFERED]
                                          if retriever.scope.uncovered(norm.text, m.topic_id) is None] if d.offer else []
             session.no_answer_streak += 1
-            session.suggested, session.offer_form = offered, [lang, norm.script, norm.variant] if offered else []
-            session.offer_facet = None
+            session.suggested, session.offer_form, session.offer_facet = offered, [lang, norm.script, norm.variant] if offered else [], None
             self._save_session(inbound, state, session)
             if offered:
                 return reply(suggestion_reply([retriever.kb.topics[t] for t in offered], lang), Intent.NO_ANSWER,
@@ -401,8 +403,7 @@ class Dispatcher:
                     notes: dict, confidence: float = 1.0) -> tuple[Reply, dict]:
         """``topic``'s answer, remembered as the topic in context. ``confidence``: P(fit), or 1.0
         where the user chose the topic (a yes to an offer)."""
-        session.last_topic, session.last_facet, session.suggested, session.no_answer_streak = topic.id, None, [], 0
-        session.offer_facet = None
+        session.last_topic, session.last_facet, session.suggested, session.no_answer_streak, session.offer_facet = topic.id, None, [], 0, None
         self._save_session(inbound, state, session)
         return out(topic.render(lang), Intent.ANSWER, topic=topic.id, confidence=confidence), notes
 
@@ -414,8 +415,7 @@ class Dispatcher:
             await self.handoff.start(inbound.channel, inbound.user_id, inbound.chat_id, "user_request")
         except StoreError as exc:  # nothing recorded, so no person would see the chat: say so honestly
             store_unavailable("handoff_start", exc)
-            return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.HANDOFF), {"handoff": "store_unavailable",
-                                                                          "decided_by": source}
+            return out(HANDOFF_UNAVAILABLE_REPLY[lang], Intent.HANDOFF), {"handoff": "store_unavailable", "decided_by": source}
         return out(intent_reply(Intent.HANDOFF, lang), Intent.HANDOFF, handoff=True), {"decided_by": source}
 
     def _follow_up(self, inbound: Inbound, state: MessageState, session: Session, topic: Topic, facet: str | None,

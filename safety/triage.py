@@ -50,6 +50,7 @@ from safety.normalize import memoized, normalize, to_user_script
 from safety.clause_context import cancelled, mandarin_view, split_sentence_clauses
 from safety.red_flag_rules import RedFlag, load_red_flags, load_replies
 from safety.regex_screen import LiteralIndex, all_required_literals, screen
+from safety.settled import settled
 
 __all__ = ["TriageResult", "RedFlag", "RED_FLAGS", "load_red_flags", "triage", "match_red_flags", "emergency_reply",
            "crisis_reply", "HONG_KONG_EMERGENCY", "UK_HK_EMERGENCY_EN"]
@@ -71,11 +72,15 @@ class TriageResult:
             ``"stroke.face_zh"``); for logs and metrics, never shown to users.
         reply: the full reply text in the requested language, emergency numbers
             included, with an offer of a human agent.
+        settled: the words telling the danger as over ("现在好了", "fine since";
+            :mod:`safety.settled`), "" when they don't: with them the message gets a
+            safety net under the decision layer's reply, not ``reply``.
     """
 
     kind: Literal["emergency", "crisis"]
     rule: str
     reply: str
+    settled: str = ""
 
 
 RED_FLAGS: tuple[RedFlag, ...] = load_red_flags()
@@ -272,7 +277,7 @@ def triage(text: str, lang: str, cfg: SafetyConfig | None = None) -> TriageResul
         ``kind="emergency"`` if any medical red flag matched (a crisis line is
         added when suicidal words are present too, e.g. an overdose), else
         ``kind="crisis"``. The reply is in the user's script when ``text`` was
-        Traditional.
+        Traditional. ``settled`` is set when every flag's danger is told as over.
     """
     cfg = cfg or SafetyConfig()
     hits = _red_flags(text)
@@ -295,4 +300,5 @@ def triage(text: str, lang: str, cfg: SafetyConfig | None = None) -> TriageResul
         reply = crisis_reply(lang, cfg)
     if lang == "zh":
         reply = to_user_script(reply, norm.script, norm.variant)
-    return TriageResult(kind=kind, rule=rule, reply=reply)
+    over = "" if crisis else settled(norm.text, tuple(dict.fromkeys(h.split(".")[0] for h in emergencies)))
+    return TriageResult(kind=kind, rule=rule, reply=reply, settled=over)

@@ -208,3 +208,18 @@ def test_supplements_are_not_named_medicines():
     assert not names_medicine("my son is on his tablet all day and his eyes are dry")
     assert not names_medicine("kids staring at tablets and phones all day") and not names_medicine("ipad or tablet before bed?")
     assert names_medicine("is the tablet safe in pregnancy") and names_medicine("he has been on the tablets for a month")
+
+
+def test_an_emergency_the_message_tells_as_over_gets_the_net_and_a_crisis_never_does():
+    """safety/settled.py: "前几天胸口闷了一下 现在好了" read by the head at p(emergency) 0.85."""
+    p = probs(emergency=0.85, answer=0.1)
+    d = decide(p, CFG, rule=None, scope=False, care_team=False, off_topic=None, retrieval_confidence=0.9,
+               min_confidence=0.5, topic_fit=0.8, danger_over=True)
+    assert d.intent is not Intent.EMERGENCY and d.safety_net == "emergency"
+    crisis = decide(probs(crisis=0.6, answer=0.3), CFG, rule=None, scope=False, care_team=False, off_topic=None,
+                    retrieval_confidence=0.9, min_confidence=0.5, topic_fit=0.8, danger_over=True)
+    assert crisis.intent is Intent.EMERGENCY and crisis.kind == "crisis"
+    # a red flag told as over carries the net even where the head reads no danger
+    calm = decide(probs(answer=0.9), CFG, rule=None, scope=False, care_team=False, off_topic=None,
+                  retrieval_confidence=0.9, min_confidence=0.5, topic_fit=0.8, danger_over=True, flagged=True)
+    assert calm.intent is Intent.ANSWER and calm.safety_net == "emergency"

@@ -487,3 +487,22 @@ async def test_a_thanks_soon_after_an_emergency_reply_keeps_its_safety_net_once(
     assert words not in again.text  # said once; a thanks without an emergency before it has none
     fresh = await dispatcher.handle(text(thanks))
     assert words not in fresh.text
+
+
+@pytest.mark.parametrize("q", ["前几天胸口闷了一下 现在好了 是不是心脏有问题", "fainted once yesterday, fine now, what caused it",
+                               "吓死我了 刚才流鼻血流了好多 现在已经止住了"])
+async def test_a_danger_told_as_over_gets_the_safety_net_not_the_emergency_reply(dispatcher, q):
+    """A red flag's words in an episode that has ended (safety/settled.py): caught, with the warning signs
+    and the emergency number in the net line, but not "call 120 now"."""
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent is not Intent.EMERGENCY and reply.safety_net, reply
+    assert "120" in reply.text or "911" in reply.text
+
+
+@pytest.mark.parametrize("q", ["我老伴刚才吃饭筷子突然掉了 说话也含含糊糊的 嘴有点往一边歪 现在好了",
+                               "i took like 20 tylenol an hour ago on purpose, feel fine for now",
+                               "今天上午胸口压着疼 出了一身冷汗 现在好了"])
+async def test_a_passed_stroke_an_overdose_felt_as_fine_and_todays_chest_pain_with_sweat_stay_emergencies(dispatcher, q):
+    """NHS: a TIA needs 999 even when it passes; an overdose can be silent for hours; NICE CG95: chest pain
+    with the signs of a heart attack in the last 12 hours is an emergency."""
+    assert (await dispatcher.handle(text(q))).intent is Intent.EMERGENCY

@@ -1297,3 +1297,34 @@ def test_a_busy_child_a_blood_pressure_reading_a_dose_question_and_a_parents_his
 
 def test_a_stroke_at_a_clock_time_is_still_flagged():
     assert "stroke.event_en" in match_red_flags("he had a stroke at 11 pm and is in hospital")
+
+
+@pytest.mark.parametrize("q, cue", [("前几天胸口闷了一下 现在好了 是不是心脏有问题", "现在好了"),
+                                    ("passed out once last week, fine since, what could cause it", "fine since"),
+                                    ("吓死我了 刚才流鼻血流了好多 现在已经止住了", "现在已经止住了")])
+def test_a_red_flag_told_as_over_is_settled(q, cue):
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.kind == "emergency" and result.settled == cue
+
+
+@pytest.mark.parametrize("q", ["我老公今天下午说胸口闷得慌 像压了块大石头 左胳膊也发酸 出了一身冷汗 他说歇会儿就好了",
+                               "i think my 2yo swallowed one of those little coin batteries, she seems fine rn",
+                               "my dad's face drooped and his speech was slurred for ten minutes, he's fine now",
+                               "突然晕倒了 醒了以后胸口疼 现在好了", "前几天胸口闷了一下 现在好了 但是今天又疼了",
+                               "took like 30 tylenol last night, feel fine today actually"])
+def test_hopes_reassurance_a_passed_stroke_and_a_faint_with_chest_pain_are_not_settled(q):
+    """"歇会儿就好了" is a hope, "seems fine" reassurance (a battery, an overdose: NHS, symptoms come later),
+    a TIA needs 999 when it has passed (NHS), a faint with chest pain too (NHS "Fainting"), and a pain
+    that came back is not over."""
+    result = triage(q, normalize(q).lang, CFG)
+    assert result is not None and result.settled == "", (match_red_flags(q), result)
+
+
+def test_the_settled_table_rejects_unknown_keys(tmp_path):
+    from safety.settled import SETTLED_TABLE, load_settled
+
+    good = SETTLED_TABLE.read_text(encoding="utf-8")
+    assert load_settled(SETTLED_TABLE).categories
+    (tmp_path / "bad.yaml").write_text(good + "\nextra: 1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="keys"):
+        load_settled(tmp_path / "bad.yaml")
