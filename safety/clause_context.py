@@ -2,7 +2,7 @@
 
 A match is cancelled, in its clause, by a negation before or after it ("没有胸痛", "no chest
 pain"), the distant past or months ago and over ("去年有过胸痛现在好了"), prevention or a question
-about a condition ("怎么预防煤气中毒", "中风的前兆"), a question of cause ("can anxiety cause
+about a condition ("怎么预防煤气中毒", "中风的前兆", "过敏性休克是什么样子的", "whats anaphylaxis"), a dream, a question of cause ("can anxiety cause
 chest pain"), a symptom that has lasted months or years with nothing new, a doctor's diagnosis
 of something now over ("去医院说是热性惊厥，现在好好的"), an event that care has since reached
 ("突然昏倒 送到医院查出来是癫痫": see ``_CARE_REACHED``), a danger told as
@@ -66,7 +66,7 @@ _CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|ri
 # A danger told as a news or media story, or asked about as knowledge (what to do should it
 # happen, the right way to give first aid, whether a belief is true): nothing current in between.
 _STORY_OR_LESSON_ZH = re.compile(
-    "(?:看新闻|新闻(?:上|里|说|报道)|电视(?:剧|上|里)|电影里|网上(?:看到|说)|朋友圈(?:看到|里|上|说)|看到(?:一篇|一个|一则|篇)?(?:文章|报道|视频|新闻)|"
+    "(?:看新闻|新闻(?:上|里|说|报道)|电视(?:剧|上|里)|(?:剧|戏|电影|小说|短剧|综艺)(?:里|中)|网上(?:看到|说)|朋友圈(?:看到|里|上|说)|看到(?:一篇|一个|一则|篇)?(?:文章|报道|视频|新闻)|"
     "(?:文章|报道|视频)(?:上|里)?说|(?:万一|如果|要是|假如)(?:遇到|碰到|看到)?(?:有人|别人|路人|陌生人)|"
     "急救(?:课|培训|知识)|(?:想|要)(?:提前)?学(?:一下|习)?|学习(?:一下)?|正确的?(?:做法|方法|急救))(?P<between>.*)$")
 _STORY_OR_LESSON_EN = re.compile(
@@ -88,6 +88,12 @@ _OWN_PEOPLE = re.compile("我|俺|咱|爸|妈|爷|奶|孩子|宝宝|儿子|女�
 _HAPPENING_NOW = re.compile("现在|刚才|刚刚|突然|正在|还在|今天|今早|今晚|这会儿|"
                             r"\b(?:now|right now|just|today|tonight|currently|has|have|is having|keeps?)\b")
 
+# In a story, its own "突然" is the story's ("电视剧里那个女主角突然吐血晕倒"); only these say it is now.
+_STORY_CURRENT_ZH = re.compile("又(?!有人|有一|一个|一家|一起)|再次|现在|今天|今早|今晚|刚才|刚刚|这会儿|此刻|目前|昨天|昨晚|今儿")
+# "if someone has a seizure near me what should i do": a place, and the one asking, not someone of one's own.
+_PLACE_EN = re.compile(r"\b(?:(?:near|around|in front of|next to|beside|with) me|what (?:should|do|can|would) i do|"
+                       r"should i|can i|do i)\b")
+
 # Asked ahead of time, just in case ("我在养老院当护工 老人吃饭噎着了该怎么处理 想提前学一下"; a blind batch,
 # 2026-12-07): nothing is happening, unless something is said to be happening now.
 _AHEAD = re.compile("提前(?:学|了解|准备|知道|做好)|以防万一|防患于未然|未雨绸缪|"
@@ -103,6 +109,16 @@ _ABOUT_AFTER = re.compile("^(?:前|之前|以前)?(?:会)?(?:有|会有)?(?:什�
                           # "心梗和心绞痛有啥区别": two conditions compared (a blind batch, 2026-12-07)
                           "^(?:(?:和|跟|与)[^，。？！,.?!]{1,8})?(?:有)?(?:啥|什么)?(?:的)?(?:区别|不同)|"
                           r"^\s*(?:signs|symptoms|warning signs)\b")
+# "过敏性休克是什么样子的", "whats anaphylaxis?", "the difference between a heart attack and cardiac arrest":
+# asking what a condition is (a blind batch, 2026-12-07). Not "是什么病" ("我爸突然晕倒了 是什么病" is an event).
+_WHAT_IT_LOOKS_LIKE = re.compile("^(?:是|会是)?(?:什么|啥)样(?:子)?|^长(?:什么|啥)样")
+_WHAT_IS_BEFORE_EN = re.compile(r"\b(?:(?:what(?:'s| is| are)|whats|what does|explain)\s+(?:a\s+|an\s+|the\s+)?|"
+                                r"differences? between\s+(?:[\w'-]+\s+){0,4}?(?:(?:and|or)\s+(?:a\s+|an\s+|the\s+)?)?)$")
+# A dream is never the event: "昨晚梦到自己心脏病发作", "had a dream i was drowning".
+# Something current between the dream and the match wins ("做梦都没想到 我爸刚才突然倒地").
+_DREAM = re.compile(r"(?:梦到|梦见|做梦(?![都也]没想到)|做了个?梦|噩梦|\b(?:dreamt|dreamed|dreaming|a dream|nightmare)\b)(?P<between>.*)$")
+# "癫痫发作的时候旁边的人应该怎么做": what one should do when it happens, asked in general.
+_WHEN_IT_HAPPENS = re.compile("^(?:发作|发生|出现|犯病|犯了)?(?:的)?(?:时候|时)[^，。？！,.?!]{0,10}(?:应该|该|要|需要)?(?:怎么|如何|咋)(?:做|办|处理|急救|帮)")
 # "空调对着头吹会面瘫吗": asking whether something causes it.
 _RISK_BEFORE = re.compile("(?:会|容易|能|可能会|导致|引起|造成|引发)$")
 # "can anxiety cause chest pain": asking what causes it.
@@ -146,7 +162,8 @@ _CLAUSE_SPLIT = re.compile(r"(?:[,;!?，。；！？\n]|(?<!\d)\.|\.(?!\d))+|但
                            r"\b(?:but|however|although|though|except)\b")
 
 # Cantonese → Mandarin words that change a red flag's meaning (透唔到氣 = 透不到气).
-CANTONESE = str.maketrans({"唔": "不", "冇": "没", "咗": "了", "佢": "他", "係": "是", "喺": "在", "嘅": "的", "啲": "些"})
+CANTONESE = str.maketrans({"唔": "不", "冇": "没", "咗": "了", "佢": "他", "係": "是", "喺": "在", "嘅": "的", "啲": "些",
+                           "咩": "什么"})
 # ... and phrases, on the text after OpenCC (係 → 系) and the characters above: "叫佢都唔係好應" (barely
 # responds), "講嘢亂晒" (talks nonsense), "冇乜汗" (hardly sweating), "食咗花生成身紅晒 把聲沙咗 透氣好辛苦"
 # (flushed all over after peanuts, hoarse, struggling to breathe); blind batches, 2026-12-07.
@@ -186,10 +203,12 @@ def split_sentence_clauses(text: str) -> tuple[list[str], list[int]]:
 
 
 def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | None, rest: str,
-               next_clause: str, chronic_cancels: bool, sentence: str) -> bool:
+               next_clause: str, chronic_cancels: bool, sentence: str, about_cancels: bool = True) -> bool:
     """True when the context around ``clause[start:end]`` cancels the match; ``rest``
     is the message from this clause on (where "现在好了" may come later), ``sentence`` the
-    rest of this clause's sentence (where care reached after the event is told)."""
+    rest of this clause's sentence (where care reached after the event is told). ``about_cancels``:
+    a question of what the condition is, or a dream, cancels it (never for a crisis flag: "what's a
+    painless way to go")."""
     before, after = clause[:start], clause[end:]
     if chronic_cancels and not _NEW_OR_SUDDEN.search(clause) and (
             _CHRONIC.search(after) or _CHRONIC_BEFORE.search(before)
@@ -207,6 +226,12 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
         return True
     if _PREVENT_ZH.search(before) or _PREVENT_EN.search(before) or _ABOUT_AFTER.match(after):
         return True
+    dream = _DREAM.search(before)
+    if about_cancels and (_WHAT_IT_LOOKS_LIKE.match(after) or _WHAT_IS_BEFORE_EN.search(before) or dream and not (
+            _CURRENT_ZH.search(dream.group("between")) or _CURRENT_EN.search(dream.group("between")))):
+        return True
+    if _WHEN_IT_HAPPENS.match(after) and not _OWN_PEOPLE.search(before) and not _HAPPENING_NOW.search(rest):
+        return True
     if (_RISK_BEFORE.search(before) and _QUESTION_AFTER.match(after)) or _CAUSE_BEFORE_EN.search(before):
         return True
     if _HAD_BEFORE_ZH.search(before) and not _CURRENT_ZH.search(clause):
@@ -215,10 +240,11 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
         m = past.search(before)
         if m and not current.search(m.group("between")):
             return True
-    for story, current in ((_STORY_OR_LESSON_ZH, _CURRENT_ZH), (_STORY_OR_LESSON_EN, _CURRENT_EN)):
+    for story, current in ((_STORY_OR_LESSON_ZH, _STORY_CURRENT_ZH), (_STORY_OR_LESSON_EN, _CURRENT_EN)):
         m = story.search(before)
         if m and not current.search(m.group("between")) and not (
-                _OWN_PEOPLE.search(clause[m.start():]) or (_OWN_PEOPLE.search(rest) and _HAPPENING_NOW.search(rest))):
+                _OWN_PEOPLE.search(_PLACE_EN.sub(" ", clause[m.start():]))
+                or (_OWN_PEOPLE.search(_PLACE_EN.sub(" ", rest)) and _HAPPENING_NOW.search(rest))):
             return True
     if _AHEAD.search(rest) and not _HAPPENING_NOW.search(rest):  # "…噎着了该怎么处理 想提前学一下"
         return True

@@ -101,12 +101,12 @@ _SCREENS = tuple(tuple(screen(p) for p in patterns) for _flag, patterns, _nb, _e
 _LITERALS = LiteralIndex(all_required_literals(patterns) for _flag, patterns, _nb, _exceptions in _COMPILED)
 
 def _find(pattern: re.Pattern[str], clauses: list[str], not_before: re.Pattern[str] | None,
-          chronic_cancels: bool, ends: list[int]) -> bool:
+          chronic_cancels: bool, ends: list[int], about_cancels: bool) -> bool:
     for i, clause in enumerate(clauses):
         next_clause = clauses[i + 1] if i + 1 < len(clauses) else ""
         for m in pattern.finditer(clause):
             if not cancelled(clause, m.start(), m.end(), not_before, " ".join(clauses[i:]), next_clause,
-                              chronic_cancels, " ".join(clauses[i:ends[i]])):
+                              chronic_cancels, " ".join(clauses[i:ends[i]]), about_cancels):
                 return True
     return False
 
@@ -145,7 +145,8 @@ def _red_flags(text: str) -> tuple[str, ...]:
         # Suicidal thoughts are never "chronic"; a baby's age in months is not a duration.
         # Days of diarrhoea, of no bowel movement or of an infection are the point of these flags.
         chronic_cancels = flag.category not in ("crisis", "infant_fever", "pregnancy", "dehydration", "bowel", "sepsis")
-        if all(_find(p, clauses, not_before if i == 0 else None, chronic_cancels, ends) for i, p in enumerate(patterns)):
+        if all(_find(p, clauses, not_before if i == 0 else None, chronic_cancels, ends, flag.category != "crisis")
+               for i, p in enumerate(patterns)):
             hits.append(f"{flag.category}.{flag.name}")
     return tuple(hits)
 

@@ -1328,3 +1328,23 @@ def test_the_settled_table_rejects_unknown_keys(tmp_path):
     (tmp_path / "bad.yaml").write_text(good + "\nextra: 1\n", encoding="utf-8")
     with pytest.raises(ValueError, match="keys"):
         load_settled(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("q", ["做梦梦见自己中风了 吓醒以后啥事没有", "i had a nightmare that i was having a heart attack",
+                               "脑梗是什么样子的 想了解一下", "what is anaphylaxis exactly", "whats the difference between a stroke and a tia",
+                               "心梗發作有咩先兆", "抽搐发作的时候旁边的人应该怎么帮", "my sister carries an epipen, should i learn how it works",
+                               "if someone collapses near me what should i do, want to be prepared",
+                               "剧里男主角突然吐血晕倒了 现实中会这样吗"])
+def test_dreams_questions_of_what_a_condition_is_and_help_asked_in_general_are_not_emergencies(q):
+    """Frames of a blind batch (alarming-5, 2026-12-07), written anew: a dream, "what is it / what does it look
+    like", what bystanders should do when it happens, a pen someone carries, a TV story's own 突然."""
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q, kind", [("what's the quickest way to go, i'm done", "crisis"),
+                                     ("whats the most painless way to end it", "crisis"),
+                                     ("my dad is shaking on the floor and it won't stop", "emergency"),
+                                     ("她抽搐的时候我该怎么做 现在还在抽", "emergency"),
+                                     ("做梦都没想到 我爸刚才突然倒地叫不醒", "emergency")])
+def test_a_what_question_never_cancels_a_crisis_and_shaking_that_wont_stop_is_a_seizure(q, kind):
+    _assert_kind(q, kind)
