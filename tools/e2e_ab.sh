@@ -2,13 +2,13 @@
 # Issue 23 on a GPU host, this code against an earlier one in the same call (docs/loadtest.md, "Thirty-ninth session").
 # Here: python tools/e2e_bench.py pack; git archive --prefix=base/ REV | gzip > .e2e/base.tar.gz
 # There, carry [".e2e"]: bash tools/e2e_ab.sh STEP... with STEP one of new-redis, base-redis, new-sqlite1,
-# base-sqlite1, new-sqlite12, base-sqlite12, r-new, r-base, s-new, s-base; results under $OUT (all.tgz at the end).
+# base-sqlite1, new-sqlite12, base-sqlite12, r-new, r-base, s-new, s-base, cpu-gpu; results under $OUT (all.tgz at the end).
 R=$PWD
 python3 -m pip install -q --no-index --no-deps --target .e2e/site .e2e/whl/*.whl && tar -xzf .e2e/jieba.tgz -C .e2e/site || exit 3
 if [ ! -d /tmp/base ]; then mkdir -p /tmp/bx && tar -xzf .e2e/base.tar.gz -C /tmp/bx && mv /tmp/bx/base /tmp/base && ln -sfn $R/.e2e /tmp/base/.e2e && rm -rf /tmp/base/engines && ln -sfn $R/engines /tmp/base/engines; fi
-one() { # code-dir tag layouts rates processes
+one() { # code-dir tag layouts rates processes [more arguments of e2e_bench.py run]
   (cd $1 && PYTHONPATH=$R/.e2e/site:$1 timeout ${T:-560} python3 tools/e2e_bench.py run --out $OUT/$2 --layouts $3 --rates $4 \
-     --seconds 10 --warmup 2 --generators 8 --processes $5 > $OUT/$2.stdout 2>&1; echo "$2 exit $?")
+     --seconds 10 --warmup 2 --generators 8 --processes $5 ${@:6} > $OUT/$2.stdout 2>&1; echo "$2 exit $?")
   grep -h "answered\|ready in\|not ready\|skipped" $OUT/$2/e2e.log 2>/dev/null | cut -c1-400
   python3 -c "
 import json,sys
@@ -31,6 +31,8 @@ for step in "$@"; do
     r-base) one /tmp/base r-base-$((++N)) gpu-redis 5200 12 ;;
     s-new) one $R s-new-$((++N)) gpu 400 1 ;;
     s-base) one /tmp/base s-base-$((++N)) gpu 400 1 ;;
+    # issue 23's "GPU layout >= 3x the CPU layout, same host, same call": ONNX Runtime in each of 12 front ends
+    cpu-gpu) one $R cpu-gpu cpu-redis,gpu-redis 5200 12 --cpu-rates 1000,1700 ;;
   esac
 done
 tar -czf $OUT/all.tgz -C $OUT --exclude=all.tgz . 2>/dev/null; ls -la $OUT/all.tgz
