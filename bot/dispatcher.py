@@ -319,13 +319,13 @@ class Dispatcher:
         d = decide(probs, self.cfg.decision, rule=intent, scope=scope is not None,
                    care_team=referral is not None, off_topic=found.off_topic, retrieval_confidence=best.confidence,
                    min_confidence=self.cfg.knowledge.min_confidence,
-                   scope_gap=retriever.scope.uncovered(norm.text, best.topic_id),
-                   names_medicine=names_medicine(norm.text),
+                   scope_gap=retriever.scope.uncovered(norm.text, best.topic_id), names_medicine=names_medicine(norm.text),
                    # a follow-up ("那饮食上呢") was retrieved within the topic it follows; the verifier,
                    # trained on whole questions, judges only questions that stand alone
                    topic_fit=(topic_fit.probability(found.fit_features, found.prior_terms)
                               if found.context_vector is None else best.confidence), contested=found.contested,
-                   danger_over=bool(over or settled(norm.text)), flagged=bool(over))
+                   danger_over=bool(over or settled(norm.text)), flagged=bool(over),
+                   sibling=topic_fit.runner_up_is_sibling(found.matches))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
         if d.safety_net:

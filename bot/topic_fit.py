@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,6 +162,13 @@ def _pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndarray], kn
     return training_pairs(retriever, rows, vectors, oof[:examples], row_logits, prior)
 
 
+def sibling_pairs(rows: list[dict]) -> frozenset[tuple[str, str]]:
+    """Ordered (topic, topic) pairs that some answer line of ``rows`` lists together as right answers
+    (knee pain and knee osteoarthritis, insomnia and waking early): neighbours that both answer such
+    questions, whatever the verifier's margin between them says."""
+    return frozenset((a, b) for r in rows for a in r.get("topics") or () for b in r.get("topics") or () if a != b)
+
+
 @dataclass(frozen=True)
 class TopicFit:
     """Calibrated P(the topic answers the question) for :func:`bot.retrieval.fit_features` vectors."""
@@ -171,6 +179,13 @@ class TopicFit:
     #: P(fit) of inputs seen before (repeated questions), by their bytes; as many as the encoder's
     #: embedding cache holds (:meth:`build`), none by default
     seen: LRUCache[float] = field(default_factory=lambda: LRUCache(0), compare=False, repr=False)
+    #: :func:`sibling_pairs` of the training data
+    siblings: frozenset[tuple[str, str]] = field(default=frozenset(), compare=False, repr=False)
+
+    def runner_up_is_sibling(self, matches: Sequence) -> bool:
+        """True when the second of retrieval's ``matches`` (ranked, each with ``topic_id``) is a sibling
+        of the first (:func:`sibling_pairs`): the question sits between two topics that both answer it."""
+        return len(matches) > 1 and (matches[0].topic_id, matches[1].topic_id) in self.siblings
 
     def probability(self, features: np.ndarray, prior: np.ndarray | None) -> float:
         """P(fit) in [0, 1] for one float32[F] retrieval feature vector and the topic prior's
@@ -201,7 +216,8 @@ class TopicFit:
         seen = LRUCache(retriever.results.size)
         if cache and cache.exists():
             net, temperature, report = load_network(cache)
-            fit = cls(Verifier(net, Trees.from_arrays(np.load(cache))), temperature, report, seen=seen)
+            fit = cls(Verifier(net, Trees.from_arrays(np.load(cache))), temperature, report, seen=seen,
+                      siblings=sibling_pairs(rows))
             log.info("topic_fit", cached=True, **fit.report)
             return fit
         known = known if known is not None else {}
@@ -218,4 +234,4 @@ class TopicFit:
             save_arrays(cache, temperature=temperature, report=json.dumps(report), **verifier.network.arrays(),
                         **verifier.trees.arrays())
         log.info("topic_fit", cached=False, **report)
-        return cls(verifier, temperature, report, seen=seen)
+        return cls(verifier, temperature, report, seen=seen, siblings=sibling_pairs(rows))

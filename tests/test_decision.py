@@ -223,3 +223,30 @@ def test_an_emergency_the_message_tells_as_over_gets_the_net_and_a_crisis_never_
     calm = decide(probs(answer=0.9), CFG, rule=None, scope=False, care_team=False, off_topic=None,
                   retrieval_confidence=0.9, min_confidence=0.5, topic_fit=0.8, danger_over=True, flagged=True)
     assert calm.intent is Intent.ANSWER and calm.safety_net == "emergency"
+
+
+def test_a_runner_up_sibling_lowers_the_fit_an_answer_needs():
+    """bot/decision.py ``topic_fit_sibling``: a question between two topics that both answer it."""
+    p = probs(answer=0.9)
+    at = (CFG.topic_fit + CFG.topic_fit_sibling) / 2
+    assert run(p, fit=at).intent is Intent.NO_ANSWER
+    d = decide(p, CFG, rule=None, scope=False, care_team=False, off_topic=None, retrieval_confidence=0.9,
+               min_confidence=0.5, topic_fit=at, sibling=True)
+    assert d.intent is Intent.ANSWER
+    contested = decide(p, CFG, rule=None, scope=False, care_team=False, off_topic=None, retrieval_confidence=0.9,
+                       min_confidence=0.5, topic_fit=at, sibling=True, contested=True)
+    assert contested.intent is Intent.NO_ANSWER
+
+
+def test_sibling_pairs_are_topics_listed_together_as_right_answers():
+    from types import SimpleNamespace
+
+    from bot.topic_fit import TopicFit, sibling_pairs
+
+    pairs = sibling_pairs([{"topics": ["longterm.knee_oa", "firstaid.knee_pain"]}, {"topics": ["sleep.insomnia"]},
+                           {"intent": "no_answer"}])
+    assert pairs == {("longterm.knee_oa", "firstaid.knee_pain"), ("firstaid.knee_pain", "longterm.knee_oa")}
+    fit = TopicFit(None, 1.0, {}, siblings=pairs)
+    m = [SimpleNamespace(topic_id="firstaid.knee_pain"), SimpleNamespace(topic_id="longterm.knee_oa")]
+    assert fit.runner_up_is_sibling(m) and not fit.runner_up_is_sibling(m[:1])
+    assert not fit.runner_up_is_sibling([m[0], SimpleNamespace(topic_id="sleep.insomnia")])

@@ -506,3 +506,10 @@ async def test_a_passed_stroke_an_overdose_felt_as_fine_and_todays_chest_pain_wi
     """NHS: a TIA needs 999 even when it passes; an overdose can be silent for hours; NICE CG95: chest pain
     with the signs of a heart attack in the last 12 hours is an emergency."""
     assert (await dispatcher.handle(text(q))).intent is Intent.EMERGENCY
+
+
+async def test_a_question_between_two_sibling_topics_is_answered(dispatcher):
+    """Knee pain going downstairs sits between knee pain and knee osteoarthritis; the verifier reads the close
+    runner-up as doubt (P(fit) 0.34-0.44 here), and either topic answers it (bot/decision.py topic_fit_sibling)."""
+    reply = await dispatcher.handle(text("膝頭哥成日痛 落樓梯仲痛"))
+    assert reply.intent is Intent.ANSWER and reply.topic in ("firstaid.knee_pain", "longterm.knee_oa")
