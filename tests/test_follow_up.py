@@ -27,6 +27,8 @@ from bot.types import Inbound, Intent, MessageKind
     ("還有呢", None), ("还有什么", None), ("anything else?", None), ("tell me more", None),
     ("要去医院吗 看哪个科", "see_doctor"), ("严重吗？要去医院吗", "see_doctor"),  # parts asking the same
     ("还有呢 还有啥", None),
+    ("几天不见好得去医院吗", "see_doctor"),
+    ("at what point should i see a doctor?", "see_doctor"), ("多长时间不好要去看", "see_doctor"),
 ])
 def test_a_short_follow_up_reads_as_the_facet_it_asks_for(text, facet):
     from safety.normalize import normalize
