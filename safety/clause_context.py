@@ -42,7 +42,8 @@ _PAST_BEFORE_ZH = re.compile(
 # "潜水得过减压病 多久以后可以坐飞机": a disease one has had (得过, 患过), told right before its name.
 _HAD_BEFORE_ZH = re.compile("(?:得过|患过|得了?过)$")
 _PAST_MONTHS_ZH = re.compile("(?:上个?月|几个月前|(?:\\d+|[一二两三四五六七八九十几]+)个月前|上周|上礼拜|上星期)(?P<between>.*)$")
-_RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出院|没再|没有再|好好的|一切正常|都正常|(?:一直|都)挺好")
+_RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出院|没再|没有再|好好的|一切正常|都正常|(?:一直|都)挺好|"
+                          "没(?:什么|啥)?大(?:事|碍|问题)")
 _PAST_AFTER_ZH = re.compile("^(?:了|过|后)?(?:已经|有)?(?:\\d+|[一二两三四五六七八九十几多好]+)(?:多)?年(?:了|多了|前)?")
 # (又 in a story about others is not now: "看新闻说云南又有人吃菌子中毒")
 _CURRENT_ZH = re.compile("又(?!有人|有一|一个|一家|一起)|再次|现在|今天|今早|今晚|刚才|刚刚|突然|这会儿|此刻|目前|最近|这两天|昨天|昨晚|今儿")
@@ -144,7 +145,7 @@ _NEW_OR_SUDDEN = re.compile("又|突然|忽然|突发|今天|刚才|刚刚|加�
 # that reply for epilepsy and heart disease found this way. Calling an ambulance is not care reached: it
 # may still be on its way ("叫了救护车 现在怎么办").
 _CARE_REACHED = re.compile(
-    "(?:送|带|拉|抬|扶)着?(?:到|去|进)了?(?:医院|急诊)|(?:去|到|上|进)了?(?:医院|急诊)(?:后|以后|之后|才|检查|查|做|看|一查|医生|大夫)|"
+    "(?:送|带|拉|抬|扶)着?(?:到|去|进)了?(?:医院|急诊)|送了?(?:医院|急诊)(?:查|检查|看了|看过)|(?:去|到|上|进)了?(?:医院|急诊)(?:后|以后|之后|才|检查|查|做|看|一查|医生|大夫)|"
     "住(?:了|过)?院|(?:医生|大夫|医院)(?:检查|看)?(?:后|了)?(?:说|诊断|确诊|告诉)|查出来|确诊|诊断(?:为|是|出)|"
     r"\b(?:hospitali[sz]ed|admitted to|taken to (?:the )?(?:hospital|er|a&e)|rushed to (?:the )?(?:hospital|er|a&e)|"
     r"(?:went|go|got) to (?:the )?(?:hospital|er|a&e)|diagnosed|discharged|"
@@ -246,7 +247,7 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
                 _OWN_PEOPLE.search(_PLACE_EN.sub(" ", clause[m.start():]))
                 or (_OWN_PEOPLE.search(_PLACE_EN.sub(" ", rest)) and _HAPPENING_NOW.search(rest))):
             return True
-    if _AHEAD.search(rest) and not _HAPPENING_NOW.search(rest):  # "…噎着了该怎么处理 想提前学一下"
+    if _AHEAD.search(rest) and not _HAPPENING_NOW.search(_AHEAD.sub(" ", rest)):  # "…噎着了该怎么处理 想提前学一下"
         return True
     for past, current, resolved in ((_PAST_MONTHS_ZH, _CURRENT_ZH, _RESOLVED_ZH),
                                     (_PAST_MONTHS_EN, _CURRENT_EN, _RESOLVED_EN),

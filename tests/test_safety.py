@@ -1348,3 +1348,16 @@ def test_dreams_questions_of_what_a_condition_is_and_help_asked_in_general_are_n
                                      ("做梦都没想到 我爸刚才突然倒地叫不醒", "emergency")])
 def test_a_what_question_never_cancels_a_crisis_and_shaking_that_wont_stop_is_a_seizure(q, kind):
     _assert_kind(q, kind)
+
+
+@pytest.mark.parametrize("q", ["前几天我妈突然晕了一下 送医院检查说没什么大问题 平时饮食要注意什么",
+                               "what's the right way to do the heimlich on an adult? asking just in case, grandpa eats fast",
+                               "is nitrox safer than air for decompression sickness risk on a trip next month"])
+def test_care_reached_and_found_nothing_serious_a_lesson_just_in_case_and_a_divers_risk_question_are_not_flagged(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["sliced my finger and it's pumping blood everywhere", "我妈突然说不出话 送医院后怎么办",
+                               "choking right now just tell me what to do", "我爸突然晕倒 送医院查了 现在还没醒"])
+def test_blood_pumping_out_a_hospital_still_ahead_and_a_choking_now_are_emergencies(q):
+    _assert_kind(q, "emergency")
