@@ -53,6 +53,7 @@ def _msg(user: str, text: str) -> Inbound:
 def offers_every_topic(dispatcher, monkeypatch):
     """The verifier's band moved over every answer: each topic answer becomes an offer."""
     monkeypatch.setattr(dispatcher.cfg.decision, "topic_fit", 0.999)
+    monkeypatch.setattr(dispatcher.cfg.decision, "topic_fit_sibling", 0.999)
     monkeypatch.setattr(dispatcher.cfg.decision, "suggest", 0.0)
     return dispatcher
 
@@ -127,6 +128,7 @@ async def test_traditional_offer_and_cantonese_yes(offers_every_topic):
 @requires_model
 async def test_below_the_offer_threshold_the_reply_is_a_plain_no_answer(dispatcher, monkeypatch):
     monkeypatch.setattr(dispatcher.cfg.decision, "topic_fit", 0.999)
+    monkeypatch.setattr(dispatcher.cfg.decision, "topic_fit_sibling", 0.999)
     monkeypatch.setattr(dispatcher.cfg.decision, "suggest", 0.999)
     user = f"sg-user-{next(_ids)}"
     reply = await dispatcher.handle(_msg(user, "失眠怎么调理"))

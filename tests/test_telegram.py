@@ -788,6 +788,7 @@ async def test_e2e_start_greets_and_markup_in_a_question_is_harmless(tg_real: Ha
 @pytest.mark.model
 async def test_e2e_an_offer_gets_choice_buttons_and_a_tap_gets_the_topic(dispatcher, monkeypatch):
     monkeypatch.setattr(dispatcher.cfg.decision, "topic_fit", 0.999)  # every topic answer becomes an offer
+    monkeypatch.setattr(dispatcher.cfg.decision, "topic_fit_sibling", 0.999)
     monkeypatch.setattr(dispatcher.cfg.decision, "suggest", 0.0)
     h = await _harness(_real(dispatcher), feedback=FeedbackBook(dispatcher.store))
     try:
