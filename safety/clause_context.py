@@ -17,7 +17,7 @@ import re
 
 from safety.red_flag_rules import gap_zh
 
-__all__ = ["cancelled", "mandarin_view", "split_clauses", "split_sentence_clauses"]
+__all__ = ["cancelled", "fiction_or_work", "mandarin_view", "split_clauses", "split_sentence_clauses"]
 
 
 # Words allowed between a negation and the symptom ("没[什么]胸痛", "不[觉得]胸口疼").
@@ -68,7 +68,8 @@ _CURRENT_EN = re.compile(r"\b(?:again|now|today|tonight|this morning|just now|ri
 # happen, the right way to give first aid, whether a belief is true): nothing current in between.
 _STORY_OR_LESSON_ZH = re.compile(
     "(?:看新闻|新闻(?:上|里|说|报道)|电视(?:剧|上|里)|(?:剧|戏|电影|小说|短剧|综艺)(?:里|中)|网上(?:看到|说)|朋友圈(?:看到|里|上|说)|看到(?:一篇|一个|一则|篇)?(?:文章|报道|视频|新闻)|"
-    "(?:文章|报道|视频)(?:上|里)?说|(?:万一|如果|要是|假如)(?:遇到|碰到|看到)?(?:有人|别人|路人|陌生人)|"
+    "(?:文章|报道|视频)(?:上|里)?说|(?:万一|如果|要是|假如)(?:[^，。？！,.?!]{0,8}(?:遇到|碰到|看到|见到))?(?:有人|别人|路人|陌生人)|"
+    "纪录片(?:里|说|讲)?|"
     "急救(?:课|培训|知识)|(?:想|要)(?:提前)?学(?:一下|习)?|学习(?:一下)?|正确的?(?:做法|方法|急救))(?P<between>.*)$")
 _STORY_OR_LESSON_EN = re.compile(
     r"\b(?:on the news|in the news|news (?:story|report|article)|read (?:an?|this|that|some) (?:article|story|post|report)|"
@@ -76,8 +77,10 @@ _STORY_OR_LESSON_EN = re.compile(
     r"in (?:an?|the) (?:film|movie|show|drama|series|novel|book)|(?:correct|right|proper|best|safest) way to|"
     r"first aid (?:for|course|class|training|lesson)|is it true|"
     r"(?:what|how) (?:should|do|would|can) (?:you|one|people|we) (?:do |help |treat |handle |respond )?(?:if|when|for) "
+    r"(?:(?:you|we|i) (?:see|find|come across|witness|notice) )?"
     r"(?:someone|somebody|a person|anyone|people|they|a (?:baby|child|kid|toddler|friend))|"
-    r"if (?:someone|somebody|a person|anyone) (?:is|was|has|starts?|were|gets?|collapses?))\b(?P<between>.*)$")
+    r"if (?:(?:you|we|i) (?:see|find|come across|witness|notice) )?(?:someone|somebody|a person|anyone|a stranger)"
+    r"(?:'s| is| was| has| starts?| were| gets?| collapses?| having)?)\b(?P<between>.*)$")
 
 # Someone of the user's own (or the user) named from the frame on, in the framed clause or with
 # something happening now: the story or lesson may be about them ("看新闻说纽扣电池很危险 我家孩子吞
@@ -94,6 +97,28 @@ _STORY_CURRENT_ZH = re.compile("又(?!有人|有一|一个|一家|一起)|再次
 # "if someone has a seizure near me what should i do": a place, and the one asking, not someone of one's own.
 _PLACE_EN = re.compile(r"\b(?:(?:near|around|in front of|next to|beside|with) me|what (?:should|do|can|would) i do|"
                        r"should i|can i|do i)\b")
+
+# A whole message about fiction being written or one's work in health or rescue ("我在写小说 里面有个角色被毒蛇咬了",
+# "I'm a paramedic and after a bad overdose call I can't switch off"; a blind batch, 2026-12-07): the danger is a
+# character's or a patient's, unless someone of one's own is named or something is happening now.
+_FICTION_OR_WORK = re.compile(
+    "写小说|在写(?:一个|个|一部|部)?(?:故事|剧本|小说)|(?:小说|剧本|游戏|故事)里|我是(?:一名|一个|个)?(?:护士|医生|大夫|急救员|护工|"
+    "救生员|消防员|急诊科)|我在(?:急诊|医院|icu|养老院)(?:上班|工作)|"
+    r"\b(?:writing|write|wrote) (?:a|an|my) (?:mystery |crime |murder |short |horror )?(?:novel|story|book|screenplay|script|fanfic)\b|"
+    r"\bin my (?:novel|story|book|game)\b|\bmy character\b|"
+    r"\bi(?:'m| am) an? (?:nurse|paramedic|emt|doctor|carer|caregiver|lifeguard|firefighter|first responder)\b")
+_FAMILY = re.compile("爸|妈|爷|奶|孩子|宝宝|儿子|女儿|闺女|老公|老婆|老伴|外公|外婆|孙|"
+                     r"\bmy (?:mum|mom|mother|dad|father|son|daughter|wife|husband|partner|baby|kid|child|grandma|grandpa)\b")
+_NOW_STRICT = re.compile("现在|刚才|刚刚|正在|这会儿|此刻|突然|"
+                         r"\b(?:now|right now|just now|at the moment|currently|is having|suddenly)\b")
+
+
+def fiction_or_work(view: str) -> bool:
+    """True when the message (:func:`mandarin_view`) tells of fiction being written or of one's own work in
+    health or rescue, names nobody of one's own and nothing happening now: its red flags (not a crisis's)
+    are a character's or a patient's."""
+    return bool(_FICTION_OR_WORK.search(view)) and not _FAMILY.search(view) and not _NOW_STRICT.search(view)
+
 
 # Asked ahead of time, just in case ("我在养老院当护工 老人吃饭噎着了该怎么处理 想提前学一下"; a blind batch,
 # 2026-12-07): nothing is happening, unless something is said to be happening now.
@@ -244,7 +269,7 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
     for story, current in ((_STORY_OR_LESSON_ZH, _STORY_CURRENT_ZH), (_STORY_OR_LESSON_EN, _CURRENT_EN)):
         m = story.search(before)
         if m and not current.search(m.group("between")) and not (
-                _OWN_PEOPLE.search(_PLACE_EN.sub(" ", clause[m.start():]))
+                _OWN_PEOPLE.search(_PLACE_EN.sub(" ", clause[m.start("between"):]))
                 or (_OWN_PEOPLE.search(_PLACE_EN.sub(" ", rest)) and _HAPPENING_NOW.search(rest))):
             return True
     if _AHEAD.search(rest) and not _HAPPENING_NOW.search(_AHEAD.sub(" ", rest)):  # "…噎着了该怎么处理 想提前学一下"

@@ -47,7 +47,7 @@ from typing import Literal
 
 from safety.config import SafetyConfig
 from safety.normalize import memoized, normalize, to_user_script
-from safety.clause_context import cancelled, mandarin_view, split_sentence_clauses
+from safety.clause_context import cancelled, fiction_or_work, mandarin_view, split_sentence_clauses
 from safety.red_flag_rules import RedFlag, load_red_flags, load_replies
 from safety.regex_screen import LiteralIndex, all_required_literals, screen
 from safety.settled import settled
@@ -136,8 +136,11 @@ def _red_flags(text: str) -> tuple[str, ...]:
     view = mandarin_view(normalize(text).text)
     clauses, ends = split_sentence_clauses(view)
     hits = []
+    story = fiction_or_work(view)  # a character's or a patient's danger: only a crisis flag counts
     for i in _LITERALS.candidates(view):  # the others lack a string every match contains
         (flag, patterns, not_before, exceptions), screens = _COMPILED[i], _SCREENS[i]
+        if story and flag.category != "crisis":
+            continue
         if any(s is not None and s.search(view) is None for s in screens):
             continue  # some pattern matches no clause (safety/regex_screen.py)
         if _explained(view, *exceptions):

@@ -1361,3 +1361,21 @@ def test_care_reached_and_found_nothing_serious_a_lesson_just_in_case_and_a_dive
                                "choking right now just tell me what to do", "我爸突然晕倒 送医院查了 现在还没醒"])
 def test_blood_pumping_out_a_hospital_still_ahead_and_a_choking_now_are_emergencies(q):
     _assert_kind(q, "emergency")
+
+
+@pytest.mark.parametrize("q", ["I'm writing a crime novel and a character gets poisoned with oleander, what would the symptoms be",
+                               "我在写剧本 里面的主角被蛇咬了 多久会有反应", "我是急诊科护士 天天看到病人抽搐昏迷 下班后睡不着怎么调",
+                               "i'm an emt and after a rough overdose call last week i keep replaying it, how do i unwind",
+                               "如果在地铁上看到有人晕倒 路人应该怎么帮", "if I come across someone unconscious in a park, should I move them",
+                               "看喜剧笑到喘不过气 笑多了伤身吗"])
+def test_fiction_being_written_ones_work_in_health_and_bystanders_asking_ahead_are_not_emergencies(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q, kind", [("我是护士 我妈刚才突然晕倒了", "emergency"),
+                                     ("I'm a nurse and my patient is having a seizure right now", "emergency"),
+                                     ("我在写小说 但我现在胸口压着疼 一身冷汗", "emergency"),
+                                     ("我是医生 最近压力大 真的不想活了", "crisis"),
+                                     ("what do i do if someone collapses? my neighbour just collapsed in the hallway", "emergency")])
+def test_a_writer_or_a_nurse_with_someone_of_their_own_or_something_now_and_a_crisis_stay_flagged(q, kind):
+    _assert_kind(q, kind)
