@@ -5,17 +5,17 @@ Order of checks (docs/architecture.md, "One WeChat text message, end to end"):
 1. exactly-once on (channel, user, message id): a channel's retry gets the same reply,
    computed once;
 2. message kind: follow events get the greeting, non-text a helpful text;
-3. normalize once; safety.triage: emergencies and crises first, with no knowledge-base
-   advice (rules on the text alone, so they answer even when the encoder is busy);
+3. normalize once; safety.triage: emergencies and crises first, with no knowledge-base advice (rules on
+   the text alone, so they answer even when the encoder is busy; a flag told as over gets a net at step 6);
 4. a chat handed to a person is relayed, not answered; the per-user rate limit;
-5. rule intents: ending a handoff, greeting, a request for a person (started only
-   where a person can take it), abuse; scope and care-team rules;
-6. one encoder call: retrieval, the decision head (bot/classifier.py) and the topic-fit
-   verifier (bot/topic_fit.py) read the same embedding; the policy (bot/decision.py)
-   decides: emergency or crisis, a safety-net line, greeting, handoff, referral,
-   out of scope, an answer only when everything agrees, else an honest no_answer;
-7. safety.review + disclaimer on every health text; the reply follows the user's
-   script (Traditional in, Traditional out).
+5. rule intents: ending a handoff, greeting, a request for a person (started only where a person can
+   take it), abuse; scope and care-team rules;
+6. one encoder call: retrieval, the decision head (bot/classifier.py) and the topic-fit verifier
+   (bot/topic_fit.py) read the same embedding; the policy (bot/decision.py) decides: emergency or crisis,
+   a safety-net line, greeting, handoff, referral, out of scope, an answer only when everything agrees,
+   else an honest no_answer;
+7. safety.review + disclaimer on every health text; the reply follows the user's script (Traditional in,
+   Traditional out).
 """
 
 from __future__ import annotations
@@ -194,10 +194,8 @@ class Dispatcher:
             return reply
 
     async def _decide(self, inbound: Inbound, state: MessageState) -> tuple[Reply, dict[str, Any]]:
-        text = inbound.text or ""
-        norm = normalize(text)
-        # A message with no words (a follow event, a photo) says nothing about the
-        # language: the channel's own hint, else Chinese, the main audience.
+        norm = normalize(text := inbound.text or "")
+        # A message with no words (a follow event, a photo) says nothing of its language: the channel's hint, else Chinese.
         lang = inbound.lang or (norm.lang if norm.text.strip() else "zh")
         agents = self.handoff.reachable(inbound.channel)  # can a person take a handoff here?
         notes: dict[str, Any] = {}
@@ -232,8 +230,8 @@ class Dispatcher:
             return Reply(unsupported_reply(lang), Intent.SYSTEM, lang), {"unsupported": inbound.raw.get("type")}
 
         urgent = triage(norm.text, lang, self.cfg.safety)
-        if over := (urgent.settled if urgent is not None else ""):  # told as over ("现在好了"): a net below, not 120 now
-            notes["settled"], notes["rule"], urgent = over, urgent.rule, None
+        told_over, urgent = (urgent, None) if urgent is not None and urgent.settled else (None, urgent)  # "现在好了"
+        notes.update({"settled": f"{told_over.rule}: {told_over.settled}"} if told_over else {})  # a net, not 120 now
         if urgent is None and is_end_handoff(norm):  # "结束人工", "end chat": the bot takes the chat back
             ended = in_handoff is not None and await self._without_store("handoff_end", self.handoff.end(
                 inbound.channel, inbound.user_id, by="user"), None)
@@ -303,6 +301,8 @@ class Dispatcher:
             # EngineError reaches here only when no engine can serve (no CPU fallback, or every
             # inference worker process is restarting). What the rules decided still goes out;
             # otherwise the user is asked to resend, not failed.
+            if told_over is not None:  # nothing can read the rest: the red flag's own reply, as the rules alone give it
+                return out(told_over.reply, Intent.EMERGENCY, handoff=True), {**notes, "rule": told_over.rule, "error": type(exc).__name__}
             if intent is not None:
                 return out(intent_reply(intent, lang), intent), {"rule": "rule_intent", "error": type(exc).__name__}
             if scope is not None:
@@ -324,7 +324,7 @@ class Dispatcher:
                    # trained on whole questions, judges only questions that stand alone
                    topic_fit=(topic_fit.probability(found.fit_features, found.prior_terms)
                               if found.context_vector is None else best.confidence), contested=found.contested,
-                   danger_over=bool(over or settled(norm.text)), flagged=bool(over),
+                   danger_over=told_over is not None or bool(settled(norm.text)), flagged=told_over is not None,
                    sibling=topic_fit.runner_up_is_sibling(found.matches))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""

@@ -225,6 +225,9 @@ async def test_an_overloaded_or_unavailable_encoder_gets_the_polite_busy_reply(d
     monkeypatch.setattr(dispatcher.retriever, "search", fail)
     reply = await dispatcher.handle(text("失眠怎么调理"))
     assert reply.intent is Intent.SYSTEM and reply.text == BUSY_REPLY["zh"]
+    # a red flag told as over, which the encoder would have turned into a safety net: the flag's own reply
+    over = await dispatcher.handle(text("前几天胸口闷了一下 现在好了 是不是心脏有问题"))
+    assert over.intent is Intent.EMERGENCY and "120" in over.text
 
 
 @pytest.mark.parametrize("q, intent, topic", [
