@@ -36,7 +36,13 @@ How a match is judged:
   hits, or its ``unless_mild`` hits and none of its ``severe_signs`` ("吃补铁的药
   大便黑" but not "吃补铁的药 大便黑 头晕心慌");
 * third parties count the same as the user ("我爸胸口疼出冷汗", "my mum's face is
-  drooping"): the patterns never require "我" / "I".
+  drooping"): the patterns never require "我" / "I";
+* a message about fiction being written or one's own work in health or rescue, naming
+  nobody of one's own and nothing now, keeps only its crisis flags
+  (:func:`safety.clause_context.fiction_or_work`);
+* a flag whose danger the message tells as over ("前几天胸口闷了一下 现在好了") is still
+  returned, with ``settled`` set (:mod:`safety.settled`): the dispatcher then replies with
+  the decision layer's reply and the safety-net line.
 """
 
 from __future__ import annotations
