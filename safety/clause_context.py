@@ -46,7 +46,8 @@ _RESOLVED_ZH = re.compile("好了|没事了|康复|痊愈|恢复了|治好|出�
                           "没(?:什么|啥)?大(?:事|碍|问题)")
 _PAST_AFTER_ZH = re.compile("^(?:了|过|后)?(?:已经|有)?(?:\\d+|[一二两三四五六七八九十几多好]+)(?:多)?年(?:了|多了|前)?")
 # (又 in a story about others is not now: "看新闻说云南又有人吃菌子中毒")
-_CURRENT_ZH = re.compile("又(?!有人|有一|一个|一家|一起)|再次|现在|今天|今早|今晚|刚才|刚刚|突然|这会儿|此刻|目前|最近|这两天|昨天|昨晚|今儿")
+_NOW_ZH = "又(?!有人|有一|一个|一家|一起)|再次|现在|今天|今早|今晚|刚才|刚刚|这会儿|此刻|目前|昨天|昨晚|今儿"
+_CURRENT_ZH = re.compile(_NOW_ZH + "|突然|最近|这两天")
 # "when he was 18 months", "when I was little": an age the person has left behind.
 _AS_A_CHILD_EN = r"when (?:he|she|i|they|we|my \w+) (?:was|were) (?:\d+|a baby|a toddler|little|small|a kid|a child|tiny)"
 _PAST_BEFORE_EN = re.compile(
@@ -87,15 +88,16 @@ _STORY_OR_LESSON_EN = re.compile(
 # 了一个", "is it true a stiff neck and a rash mean meningitis? my son has all three"), so the frame
 # does not hold. Named with a prevention question alone ("…怎么跟我家孩子讲", "so it never happens to
 # my kids") it still holds.
-_OWN_PEOPLE = re.compile("我|俺|咱|爸|妈|爷|奶|孩子|宝宝|儿子|女儿|闺女|老公|老婆|老伴|外公|外婆|婆婆|公公|孙|哥|姐|弟|妹|"
+_KIN_ZH = "爸|妈|爷|奶|孩子|宝宝|儿子|女儿|闺女|老公|老婆|老伴|外公|外婆|孙"
+_OWN_PEOPLE = re.compile("我|俺|咱|" + _KIN_ZH + "|婆婆|公公|哥|姐|弟|妹|"
                          r"\b(?:my|our|i|i'm|im|i've|i'd|me|we|we're|us)\b")
 _HAPPENING_NOW = re.compile("现在|刚才|刚刚|突然|正在|还在|今天|今早|今晚|这会儿|"
                             r"\b(?:now|right now|just|today|tonight|currently|has|have|is having|keeps?)\b")
 
-# In a story, its own "突然" is the story's ("电视剧里那个女主角突然吐血晕倒"); only these say it is now.
-_STORY_CURRENT_ZH = re.compile("又(?!有人|有一|一个|一家|一起)|再次|现在|今天|今早|今晚|刚才|刚刚|这会儿|此刻|目前|昨天|昨晚|今儿")
+# In a story, its own "突然" (or 最近, 这两天) is the story's ("电视剧里那个女主角突然吐血晕倒"); the rest say it is now.
+_STORY_CURRENT_ZH = re.compile(_NOW_ZH)
 # "if someone has a seizure near me what should i do": a place, and the one asking, not someone of one's own.
-_PLACE_EN = re.compile(r"\b(?:(?:near|around|in front of|next to|beside|with) me|what (?:should|do|can|would) i do|"
+_PLACE_OR_ASKER_EN = re.compile(r"\b(?:(?:near|around|in front of|next to|beside|with) me|what (?:should|do|can|would) i do|"
                        r"should i|can i|do i)\b")
 
 # A whole message about fiction being written or one's work in health or rescue ("我在写小说 里面有个角色被毒蛇咬了",
@@ -107,7 +109,7 @@ _FICTION_OR_WORK = re.compile(
     r"\b(?:writing|write|wrote) (?:a|an|my) (?:mystery |crime |murder |short |horror )?(?:novel|story|book|screenplay|script|fanfic)\b|"
     r"\bin my (?:novel|story|book|game)\b|\bmy character\b|"
     r"\bi(?:'m| am) an? (?:nurse|paramedic|emt|doctor|carer|caregiver|lifeguard|firefighter|first responder)\b")
-_FAMILY = re.compile("爸|妈|爷|奶|孩子|宝宝|儿子|女儿|闺女|老公|老婆|老伴|外公|外婆|孙|"
+_FAMILY = re.compile(_KIN_ZH + "|"
                      r"\bmy (?:mum|mom|mother|dad|father|son|daughter|wife|husband|partner|baby|kid|child|grandma|grandpa)\b")
 _NOW_STRICT = re.compile("现在|刚才|刚刚|正在|这会儿|此刻|突然|"
                          r"\b(?:now|right now|just now|at the moment|currently|is having|suddenly)\b")
@@ -269,8 +271,8 @@ def cancelled(clause: str, start: int, end: int, not_before: re.Pattern[str] | N
     for story, current in ((_STORY_OR_LESSON_ZH, _STORY_CURRENT_ZH), (_STORY_OR_LESSON_EN, _CURRENT_EN)):
         m = story.search(before)
         if m and not current.search(m.group("between")) and not (
-                _OWN_PEOPLE.search(_PLACE_EN.sub(" ", clause[m.start("between"):]))
-                or (_OWN_PEOPLE.search(_PLACE_EN.sub(" ", rest)) and _HAPPENING_NOW.search(rest))):
+                _OWN_PEOPLE.search(_PLACE_OR_ASKER_EN.sub(" ", clause[m.start("between"):]))
+                or (_OWN_PEOPLE.search(_PLACE_OR_ASKER_EN.sub(" ", rest)) and _HAPPENING_NOW.search(rest))):
             return True
     if _AHEAD.search(rest) and not _HAPPENING_NOW.search(_AHEAD.sub(" ", rest)):  # "…噎着了该怎么处理 想提前学一下"
         return True

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["RedFlag", "RED_FLAG_DIR", "load_red_flags", "load_replies", "gap_zh", "gap_en"]
+__all__ = ["RedFlag", "RED_FLAG_DIR", "load_red_flags", "load_replies", "gap_zh", "gap_en", "rule_regex"]
 
 RED_FLAG_DIR = Path(__file__).with_name("red_flags")
 _PLACEHOLDER = re.compile(r"\{([A-Z][A-Z0-9_]*)\}")
@@ -73,14 +73,16 @@ def gap_en(n: int) -> str:
     return f"(?:(?!\\bnot\\b|\\bno\\b|n't\\b|\\bnever\\b)[^,.;!?\\n]){{0,{n}}}"
 
 
-def _regex(spec: str | dict, blocks: dict[str, str]) -> str:
-    """One regex from the YAML: a string or ``{any_of: [...]}`` (joined by ``|``), with its
-    placeholders filled: ``{G4}`` → :func:`gap_zh`, ``{E20}`` → :func:`gap_en`, ``{NAME}`` → a block.
+def rule_regex(spec: str | dict, blocks: dict[str, str] | None = None) -> str:
+    """One regex from a rule table (rules.yaml; settled.yaml): a string or ``{any_of: [...]}`` (joined by
+    ``|``), with its placeholders filled: ``{G4}`` → :func:`gap_zh`, ``{E20}`` → :func:`gap_en`, ``{NAME}`` → one
+    of ``blocks`` (none by default).
 
     Raises:
         ValueError: a ``{NAME}`` that is not a block defined above.
     """
     text = "|".join(spec["any_of"]) if isinstance(spec, dict) else spec
+    blocks = blocks or {}
 
     def fill(m: re.Match[str]) -> str:
         name = m.group(1)
@@ -117,7 +119,7 @@ def load_red_flags(path: Path = RED_FLAG_DIR / "rules.yaml") -> tuple[RedFlag, .
     data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
     blocks: dict[str, str] = {}
     for name, spec in data["blocks"].items():
-        blocks[name] = _regex(spec, blocks)
+        blocks[name] = rule_regex(spec, blocks)
     flags = []
     for entry in data["flags"]:
         label = f"{entry.get('category')}.{entry.get('name')}"
@@ -127,9 +129,9 @@ def load_red_flags(path: Path = RED_FLAG_DIR / "rules.yaml") -> tuple[RedFlag, .
         if bool(entry.get("unless_mild")) != bool(entry.get("severe_signs")):
             raise ValueError(f"{path}: red flag {label}: 'unless_mild' and 'severe_signs' go together "
                              "(an exception without severe signs is a plain 'unless')")
-        optional = {k: _regex(entry[k], blocks) for k in ("not_before", "unless", "unless_mild", "severe_signs")
+        optional = {k: rule_regex(entry[k], blocks) for k in ("not_before", "unless", "unless_mild", "severe_signs")
                     if entry.get(k)}
-        flags.append(RedFlag(entry["category"], entry["name"], tuple(_regex(p, blocks) for p in entry["patterns"]),
+        flags.append(RedFlag(entry["category"], entry["name"], tuple(rule_regex(p, blocks) for p in entry["patterns"]),
                              source=entry.get("source", ""), example=entry.get("example", ""), **optional))
     labels = [f"{f.category}.{f.name}" for f in flags]
     if len(set(labels)) != len(labels):

@@ -12,7 +12,6 @@ a swallowed battery, a fit, a head injury, pregnancy, a baby) the full reply sta
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import yaml
 
 from safety.clause_context import mandarin_view
 from safety.normalize import memoized
+from safety.red_flag_rules import rule_regex
 
 __all__ = ["SETTLED_TABLE", "SettledRules", "load_settled", "settled"]
 
@@ -40,7 +40,8 @@ class SettledRules:
 
 
 def _regex(spec: str | dict) -> re.Pattern[str]:
-    return re.compile("|".join(spec["any_of"]) if isinstance(spec, dict) else spec)
+    """A pattern of the table, read as the red-flag rules read theirs (``any_of`` lists, ``{G4}`` gaps)."""
+    return re.compile(rule_regex(spec))
 
 
 def load_settled(path: Path = SETTLED_TABLE) -> SettledRules:

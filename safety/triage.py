@@ -142,8 +142,9 @@ def _red_flags(text: str) -> tuple[str, ...]:
     view = mandarin_view(normalize(text).text)
     clauses, ends = split_sentence_clauses(view)
     hits = []
-    story = fiction_or_work(view)  # a character's or a patient's danger: only a crisis flag counts
-    for i in _LITERALS.candidates(view):  # the others lack a string every match contains
+    candidates = _LITERALS.candidates(view)  # the others lack a string every match contains
+    story = bool(candidates) and fiction_or_work(view)  # a character's or a patient's danger: only a crisis flag counts
+    for i in candidates:
         (flag, patterns, not_before, exceptions), screens = _COMPILED[i], _SCREENS[i]
         if story and flag.category != "crisis":
             continue
