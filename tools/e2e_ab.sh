@@ -2,7 +2,7 @@
 # Issue 23 on a GPU host, this code against an earlier one in the same call (docs/loadtest.md, "Thirty-ninth session").
 # Here: python tools/e2e_bench.py pack; git archive --prefix=base/ REV | gzip > .e2e/base.tar.gz
 # There, carry [".e2e"]: bash tools/e2e_ab.sh STEP... with STEP one of new-redis, base-redis, new-sqlite1,
-# base-sqlite1, new-sqlite12, base-sqlite12, r-new, r-base, s-new, s-base, cpu-gpu; results under $OUT (all.tgz at the end).
+# base-sqlite1, new-sqlite12, base-sqlite12, r-new, r-base, s-new, s-base, s30-new, cpu-gpu, nocache; results under $OUT (all.tgz at the end).
 R=$PWD
 python3 -m pip install -q --no-index --no-deps --target .e2e/site .e2e/whl/*.whl && tar -xzf .e2e/jieba.tgz -C .e2e/site || exit 3
 if [ ! -d /tmp/base ]; then mkdir -p /tmp/bx && tar -xzf .e2e/base.tar.gz -C /tmp/bx && mv /tmp/bx/base /tmp/base && ln -sfn $R/.e2e /tmp/base/.e2e && rm -rf /tmp/base/engines && ln -sfn $R/engines /tmp/base/engines; fi
@@ -33,6 +33,11 @@ for step in "$@"; do
     s-base) one /tmp/base s-base-$((++N)) gpu 400 1 ;;
     # issue 23's "GPU layout >= 3x the CPU layout, same host, same call": ONNX Runtime in each of 12 front ends
     cpu-gpu) one $R cpu-gpu cpu-redis,gpu-redis 5200 12 --cpu-rates 1000,1700 ;;
+    # one SQLite front end for 30 s a step: the caches a fresh process fills (repeated questions, follow-up
+    # readings) weigh less than in a 10 s step
+    s30-new) one $R s30-new-$((++N)) gpu 400 1 --seconds 30 ;;
+    # every message encoded: the CPU layout at its ceiling, the GPU's rate stepped up to find its own
+    nocache) one $R nocache cpu-redis-nocache,gpu-redis-nocache 2700,3600,4500 12 --cpu-rates 900 ;;
   esac
 done
 tar -czf $OUT/all.tgz -C $OUT --exclude=all.tgz . 2>/dev/null; ls -la $OUT/all.tgz
