@@ -39,8 +39,8 @@ import structlog
 
 from bot.classifier import DATA_DIR as DECISION_DATA, HELD_OUT, SEED, binary_log_loss, save_arrays, sigmoid
 from bot.embedding import embed_all
-from bot.follow_up import (POPULATION_FACETS, FollowUp, FollowUpPlan, cue_length, is_bare_follow_up, is_follow_up,
-                           new_subject_of, read_cue, read_follow_up, refers_back)
+from bot.follow_up import (POPULATION_FACETS, RULES_PATH, FollowUp, FollowUpPlan, cue_length, is_bare_follow_up,
+                           is_follow_up, new_subject_of, read_cue, read_follow_up, refers_back)
 from bot.knowledge import Topic
 from bot.logs import logged_step
 from bot.retrieval import Retriever
@@ -216,7 +216,9 @@ class FollowJudge:
         digest = hashlib.sha256(json.dumps([retriever.kb.index_digest, pairs], ensure_ascii=False).encode()).hexdigest()
         # the features read retrieval's ranking, and so the topic prior (bot/topic_prior.py)
         prior = retriever.prior.report if retriever.prior is not None else None
-        key = hashlib.sha256(f"{JUDGE_VERSION}/{model_digest}/{digest}/{C}/{FEATURES}/{PRIOR_VERSION}/{prior}"
+        # and the cues of bot/follow_up_rules.yaml, read into the features of every pair
+        rules = hashlib.sha256(RULES_PATH.read_bytes()).hexdigest()
+        key = hashlib.sha256(f"{JUDGE_VERSION}/{model_digest}/{digest}/{C}/{FEATURES}/{PRIOR_VERSION}/{prior}/{rules}"
                              .encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"follow-judge-{key}.npz" if cache_dir else None
         if cache and cache.exists():
