@@ -118,7 +118,7 @@ def training_pairs(retriever: Retriever, rows: list[dict], vectors: list[np.ndar
         text = query_text(row["q"])
         logits = row_logits[text] if text in row_logits else prior.logits(vector, text)
         topic, feats = retriever.pair_features(vector, text)
-        right_ids = row.get("topics") or () if row["intent"] == "answer" else ()
+        right_ids = (row.get("topics") or ()) if row["intent"] == "answer" else ()
         if ids[topic] in right_ids or not sibling(topic, right_ids):
             add(feats, topic, logits, ids[topic] in right_ids)
         if row["intent"] == "answer":  # a near topic that is not the answer: the runner-up negative
