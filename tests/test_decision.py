@@ -188,6 +188,11 @@ def test_supplements_are_not_named_medicines():
     # "了一大片 / 了一小片" is a patch of skin (or mould), not a tablet: six such questions were referred
     assert not names_medicine("手背被热油溅了一下 红了一小片 有点刺痛") and not names_medicine("墙角长了一大片黑霉")
     assert not names_medicine("手肘和膝盖都擦破了一大片") and names_medicine("刚吃了一片止痛片")
+    # 片 said twice is patches too ("下巴一片一片的" was referred as a dose question); tablets counted stay medicine
+    assert not names_medicine("脸上长痘痘 下巴一片一片的") and not names_medicine("身上起了一片片红疹 痒")
+    assert names_medicine("这个药一次吃一片还是两片")
+    # what 除了 / Cantonese 除咗 leaves out is no medicine asked about ("besides taking medicine, what else?")
+    assert not names_medicine("除咗食藥仲有咩方法") and not names_medicine("除了吃药还有什么方法")
     assert not names_medicine("菜上的农药残留怎么洗干净") and names_medicine("喝了农药以后又吃了安眠药")  # a pesticide
     # hormones that change are no hormone medicine; a hormone to take still is
     assert not names_medicine("更年期激素变化 晚上老出汗睡不好 怎么调理") and not names_medicine("激素失调 脸上长痘")
