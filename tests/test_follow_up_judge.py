@@ -24,6 +24,9 @@ def _norm(text: str) -> str:
     ("头疼了三天", None),
     ("is this any different for my father? he's 79", (FollowUp("elders"), False)),  # an age told as "he's 79"
     ("she's 80 percent better now, anything else?", (FollowUp(None), False)),  # not an age
+    ("我爸爸八十五岁了，这些方法他也适合吗", (FollowUp("elders"), True)),  # 八十五岁, not a child of 十五 or 五
+    ("孩子两岁了能用吗", (FollowUp("children"), False)),
+    ("how long should i wait before seeing someone", (FollowUp("see_doctor"), False)),
     ("我家老人最近晚上老是睡不着觉，白天又没精神，吃饭也不香，一个人在家总是唉声叹气，儿女都在外地工作，"
      "我们做子女的应该怎么办才好呢 有什么好办法吗", None),  # past CUE_MAX_CHARS: a question of its own
 ])
