@@ -43,7 +43,7 @@ from bot.evaluate import read_jsonl
 from bot.follow_up import SEE_DOCTOR, has_facet
 from bot.knowledge import FACETS
 from bot.types import Inbound, Intent, MessageKind
-from safety.normalize import to_simplified
+from safety.normalize import to_simplified, to_user_script
 
 #: Characters of a text that identify it inside a reply (its start; replies add headings around it).
 PROBE_CHARS = 24
@@ -126,7 +126,11 @@ def read_conversations(path: Path) -> list[dict] | None:
 
 
 def _contains(reply_text: str, text: str) -> bool:
-    return to_simplified(text[:PROBE_CHARS]) in to_simplified(reply_text)
+    """Whether ``reply_text`` carries the start of ``text`` (Simplified), in either script: a reply in Traditional is
+    compared as written too, since t2s does not undo every s2t change (顶着 -> 頂著 -> 顶著)."""
+    probe = text[:PROBE_CHARS]
+    return (to_simplified(probe) in to_simplified(reply_text)
+            or any(to_user_script(probe, "hant", variant) in reply_text for variant in ("", "hk")))
 
 
 def _given(dispatcher: Dispatcher, topic, facet: str, lang: str, first: str, second) -> bool:

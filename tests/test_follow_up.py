@@ -425,3 +425,14 @@ def test_healthbot_eval_scores_a_conversation_file_and_refuses_a_bad_one(cli_mai
     assert summary["switches"] == 1 and summary["switches_taken_for_follow_ups"] == 0
     assert summary["danger_second_turns"] == 1 and summary["danger_caught"] == summary["danger_full_reply"] == 1.0
     assert summary["feelings_second_turns"] == 1 and summary["full_alarms_on_feelings"] == 0
+
+
+def test_a_reply_in_traditional_carries_the_facet_text_where_t2s_does_not_undo_s2t():
+    from bot.evaluate_follow_ups import _contains
+    from safety.normalize import to_simplified, to_user_script
+
+    text = "1. 孕期激素让“阀门”松弛，孕晚期子宫顶着胃，烧心很常见"
+    reply = to_user_script(f"【反酸、烧心·孕期和哺乳期】{text}", "hant")
+    assert "頂著" in reply and "顶着" not in to_simplified(reply)  # the round trip this guards against
+    assert _contains(reply, text) and _contains(to_user_script(text, "hant", "hk"), text)
+    assert not _contains(reply, "孕期少吃辛辣油腻的东西")
