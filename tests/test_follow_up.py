@@ -15,6 +15,7 @@ from bot.types import Inbound, Intent, MessageKind
 @pytest.mark.parametrize("text, facet", [
     ("那饮食上呢", "diet"), ("饮食呢", "diet"), ("那吃什么好呢", "diet"), ("有什么忌口的吗", "diet"),
     ("那运动呢", "activity"), ("平时要注意什么", "activity"),
+    ("平时生活上要注意啥", "activity"), ("日常生活中要注意什么", "activity"),  # the judge read these as blood pressure
     ("老人呢", "elders"), ("老人家能做吗", "elders"), ("七十多岁的老人呢", "elders"),
     ("孩子能用吗", "children"), ("宝宝能吃吗", "children"), ("那5岁的孩子呢", "children"),
     ("孕妇可以吗", "pregnancy"), ("怀孕了能泡吗", "pregnancy"), ("哺乳期可以喝吗", "pregnancy"),
@@ -38,7 +39,7 @@ def test_a_short_follow_up_reads_as_the_facet_it_asks_for(text, facet):
 
 @pytest.mark.parametrize("text", ["老人便秘怎么办", "孩子发烧38度5怎么办", "失眠怎么调理", "那如果是晚上睡不着怎么办",
                                   "what about napping?", "hello", "谢谢", "my kid has a rash on his arms",
-                                  "老人呢 孩子呢", "吃什么好 运动呢"])  # parts asking different facets
+                                  "老人呢 孩子呢", "吃什么好 运动呢", "我平时爱吃辣"])  # parts asking different facets
 def test_a_question_of_its_own_is_not_a_facet_follow_up(text):
     assert read_follow_up(text.lower()) is None
 
