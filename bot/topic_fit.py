@@ -223,6 +223,7 @@ class TopicFit:
             inference errors from embedding the training lines.
         """
         rows = data_rows()
+        siblings = sibling_pairs(rows)
         digest = hashlib.sha256(json.dumps([retriever.kb.index_digest, rows], ensure_ascii=False).encode()).hexdigest()
         # the verifier learns from the prior's out-of-fold logits: a new prior is a new verifier
         key = hashlib.sha256(f"{FIT_VERSION}/{model_digest}/{digest}/{HIDDEN}/{ALPHA}/{MEMBERS}/{TREE_WEIGHT}/{C}/{FOLDS}"
@@ -231,8 +232,7 @@ class TopicFit:
         seen = LRUCache(retriever.results.size)
         if cache and cache.exists():
             net, temperature, report = load_network(cache)
-            fit = cls(Verifier(net, Trees.from_arrays(np.load(cache))), temperature, report, seen=seen,
-                      siblings=sibling_pairs(rows))
+            fit = cls(Verifier(net, Trees.from_arrays(np.load(cache))), temperature, report, seen=seen, siblings=siblings)
             log.info("topic_fit", cached=True, **fit.report)
             return fit
         known = known if known is not None else {}
@@ -249,4 +249,4 @@ class TopicFit:
             save_arrays(cache, temperature=temperature, report=json.dumps(report), **verifier.network.arrays(),
                         **verifier.trees.arrays())
         log.info("topic_fit", cached=False, **report)
-        return cls(verifier, temperature, report, seen=seen, siblings=sibling_pairs(rows))
+        return cls(verifier, temperature, report, seen=seen, siblings=siblings)
