@@ -12,9 +12,10 @@ Order (first that holds wins; thresholds are :class:`DecisionConfig`):
    crisis reply when p(crisis) > p(emergency); p(crisis) >= ``crisis_full`` alone -> the
    crisis reply (a wish not to wake up must never get sleep tips: a gentle crisis reply
    to someone who is only low costs little, a missed one can cost a life). Not when the
-   message tells the danger as over (safety/settled.py: "前几天胸口闷了一下 现在好了") and
-   the head reads an emergency, not a crisis: then, as for a red flag told as over, the
-   reply below goes out with the safety net, and p(answer) is read among the non-danger labels;
+   message tells the danger as over (safety/settled.py: "前几天胸口闷了一下 现在好了"), or tells
+   blood-pressure readings that all lie below the urgent range (safety/readings.py: "高压145 低压95
+   医生说先观察"), and the head reads an emergency, not a crisis: then, as for a red flag told as
+   over, the reply below goes out with the safety net, and p(answer) is read among the non-danger labels;
 2. otherwise danger >= ``danger_net`` sets a safety net: whatever is decided below goes
    out with a line naming the warning signs and when to call 120 (safety/safety_net.py); the
    crisis line only at p(crisis) >= ``crisis_net``;
@@ -173,8 +174,9 @@ def decide(probs: dict[str, float], cfg: DecisionConfig, *, rule: Intent | None,
         topic_fit: the verifier's probability that the best topic answers the question.
         contested: the topic prior, not the hybrid score, put the best topic first
             (``SearchResult.contested``): the answer needs P(fit) >= ``topic_fit_contested``.
-        danger_over: the message tells the danger as over (safety/settled.py): an emergency the
-            head reads gets the safety net instead of the full reply.
+        danger_over: the message tells the danger as over (safety/settled.py) or only blood-pressure
+            readings below the urgent range (safety/readings.py): an emergency the head reads gets the
+            safety net instead of the full reply.
         flagged: a red flag matched, told as over: the safety net goes out whatever the head reads.
         sibling: retrieval's runner-up is a sibling of the best topic: the answer needs P(fit) >=
             ``topic_fit_sibling`` (not contested).

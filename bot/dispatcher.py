@@ -55,6 +55,7 @@ from inference.engines.base import EngineError
 from safety.disclaimer import with_disclaimer
 from safety.normalize import normalize, to_user_script
 from safety.pii import mask_pii, pseudonym
+from safety.readings import moderate_bp
 from safety.review import review
 from safety.safety_net import after_danger_line, safety_net
 from safety.settled import settled
@@ -324,7 +325,7 @@ class Dispatcher:
                    # trained on whole questions, judges only questions that stand alone
                    topic_fit=(topic_fit.probability(found.fit_features, found.prior_terms)
                               if found.context_vector is None else best.confidence), contested=found.contested,
-                   danger_over=told_over is not None or bool(settled(norm.text)), flagged=told_over is not None,
+                   danger_over=told_over is not None or bool(settled(norm.text) or moderate_bp(norm.text)), flagged=told_over is not None,
                    sibling=topic_fit.runner_up_is_sibling(found.matches))
         notes.update(d.notes, decided_by=d.source, best_topic=best.topic_id)
         net_ids, net_line = (), ""
@@ -386,8 +387,7 @@ class Dispatcher:
             if offered:
                 return reply(suggestion_reply([retriever.kb.topics[t] for t in offered], lang), Intent.NO_ANSWER,
                              confidence=d.fit, suggested=tuple(offered)), {**notes, "suggested": offered}
-            return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=d.fit,
-                         handoff=True), notes
+            return reply(intent_reply(Intent.NO_ANSWER, lang), Intent.NO_ANSWER, confidence=d.fit, handoff=True), notes
         topic = retriever.kb.topics[best.topic_id]
         if topic is last and session.last_facet is None:
             # the topic whose main answer was just sent, asked about again: never that answer word for

@@ -176,16 +176,16 @@ def check_scope(text: str, lang: str) -> ScopeResult | None:
 _MEDICINE = re.compile(f"{DRUG_ZH}|\\b{DRUG_EN}")
 #: Phrases asking for ways without a medicine (``non_drug`` in scope_rules.yaml): taken out
 #: before the medicine rules read the message.
-_NON_DRUG, _XRAY = re.compile(WORDS["non_drug"]), re.compile(WORDS["xray"])
+_NON_DRUG, _XRAY, _NOT_PRESCRIBED = (re.compile(WORDS[k]) for k in ("non_drug", "xray", "not_prescribed"))
 _NON_DRUG_AVOID, _NON_DRUG_ASK = re.compile(WORDS["non_drug_avoid"]), re.compile(WORDS["non_drug_ask"])
 _REGIMEN, _REGIMEN_ASK, _REGIMEN_KEEP = (re.compile(WORDS[k]) for k in ("regimen", "regimen_ask", "regimen_keep"))
 
 
 def without_non_drug(text: str) -> str:
-    """A normalized message without its requests for ways other than a medicine and its X-rays
-    (:func:`without_medicine_avoided`, ``xray``), for the medicine rules: the self-care question
-    behind "不想吃药 有什么食疗" is answered, not referred."""
-    return without_medicine_avoided(_XRAY.sub(" ", text))
+    """A normalized message without its requests for ways other than a medicine, its X-rays and a doctor's
+    "no medicine for now" (:func:`without_medicine_avoided`, ``xray``, ``not_prescribed``), for the medicine
+    rules: the self-care question behind "不想吃药 有什么食疗" is answered, not referred."""
+    return without_medicine_avoided(_NOT_PRESCRIBED.sub(" ", _XRAY.sub(" ", text)))
 
 
 @memoized

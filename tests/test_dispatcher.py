@@ -516,3 +516,22 @@ async def test_a_question_between_two_sibling_topics_is_answered(dispatcher):
     runner-up as doubt (P(fit) 0.34-0.44 here), and either topic answers it (bot/decision.py topic_fit_sibling)."""
     reply = await dispatcher.handle(text("膝頭哥成日痛 落樓梯仲痛"))
     assert reply.intent is Intent.ANSWER and reply.topic in ("firstaid.knee_pain", "longterm.knee_oa")
+
+
+@pytest.mark.parametrize("q", ["血压有点高 高压145 低压95 医生说先观察还没让吃药", "血压有点高，高压145，医生说先不吃药观察看看"])
+async def test_a_raised_blood_pressure_reading_gets_the_warning_signs_not_call_120(dispatcher, q):
+    """The head read these as emergencies (P 0.76-0.93); below 180/120 a reading is a reason to see a doctor,
+    not to call an ambulance (NHS "High blood pressure"; safety/readings.yaml): the reply carries the
+    blood-pressure net line (180/120, the symptoms that need 120), and a doctor's "no medicine yet" is no
+    medicine question."""
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent not in (Intent.EMERGENCY, Intent.REFER_DOCTOR), reply
+    assert "blood_pressure" in reply.safety_net and "180/120" in reply.text and "120。" in reply.text
+
+
+@pytest.mark.parametrize("q", ["孕36周，血压170，头很痛", "医生说先不吃药 我能自己吃点阿司匹林吗"])
+async def test_pregnancy_with_a_raised_reading_stays_an_emergency_and_a_named_medicine_is_referred(dispatcher, q):
+    """Pre-eclampsia (NHS): a raised reading with a headache in pregnancy needs care now; the doctor's "no
+    medicine yet" does not hide a medicine the person then names."""
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent is (Intent.EMERGENCY if "孕" in q else Intent.REFER_DOCTOR), reply

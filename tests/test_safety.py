@@ -16,7 +16,7 @@ from safety.disclaimer import DISCLAIMER, DISCLAIMER_MAX_CHARS, with_disclaimer
 from safety.normalize import normalize, to_user_script
 from safety.pii import mask_pii
 from safety.review import FALLBACK, review
-from safety.scope import check_scope, matching_rule
+from safety.scope import check_scope, matching_rule, names_medicine
 from safety.red_flag_rules import load_red_flags
 from safety.triage import RED_FLAGS, TriageResult, emergency_reply, match_red_flags, triage
 
@@ -1241,6 +1241,26 @@ def test_a_test_already_read_as_normal_told_as_background_is_no_report_request(q
 def test_a_report_asked_about_is_still_referred(q):
     result = check_scope(q, "zh")
     assert result is not None and result.reason == "report", matching_rule(q)
+
+
+@pytest.mark.parametrize("q", ["uric acid 8.2 mg/dL on my bloods, never had a gout attack. which foods should I cut?",
+                               "驗身話我尿酸 480，講真我好鍾意飲啤酒，係咪要戒晒？",
+                               "scan showed mild fatty liver and my triglycerides are 2.6 mmol/L. what should I be eating"])
+def test_a_diet_question_beside_a_lab_value_is_no_report_request(q):
+    """As in Chinese ("尿酸520 医生说先管住嘴 啤酒海鲜还能碰吗"): the topics answer what to eat beside a value
+    (scope_rules.yaml ``lifestyle_ask``); "my alt is 85 what does it mean" stays a report reading."""
+    result = check_scope(q, "en")
+    assert result is None or result.reason != "report", matching_rule(q)
+    assert matching_rule("my alt is 85 what does it mean") == "report.lab_value_zh"
+
+
+@pytest.mark.parametrize("q, named", [("血压有点高，高压145，医生说先不吃药观察看看", False), ("医生还没让吃药 平时注意什么", False),
+                                      ("我阿媽血壓148/92 醫生話暫時唔使食藥 飲食點注意", False),
+                                      ("doc said no meds yet, just watch my diet", False),
+                                      ("医生说先不吃药 我能自己吃点阿司匹林吗", True)])
+def test_the_doctors_no_medicine_yet_is_background_not_a_medicine_named(q, named):
+    """scope_rules.yaml ``not_prescribed``: taken out before the medicine rules read the message."""
+    assert names_medicine(normalize(q).text) is named
 
 
 def test_a_goodbye_to_everyone_under_a_sleep_question_is_a_crisis():
