@@ -9,6 +9,7 @@ import pytest
 from bot.classifier import LABELS, MEMBERS, expected_calibration_error, fit_head
 from bot.decision import DecisionConfig, decide
 from bot.types import Intent
+from safety.normalize import normalize
 from safety.safety_net import safety_net
 
 CFG = DecisionConfig()
@@ -255,3 +256,13 @@ def test_sibling_pairs_are_topics_listed_together_as_right_answers():
     m = [SimpleNamespace(topic_id="firstaid.knee_pain"), SimpleNamespace(topic_id="longterm.knee_oa")]
     assert fit.runner_up_is_sibling(m) and not fit.runner_up_is_sibling(m[:1])
     assert not fit.runner_up_is_sibling([m[0], SimpleNamespace(topic_id="sleep.insomnia")])
+
+
+@pytest.mark.parametrize("q, families", [("血压160/100 头有点晕", ("blood_pressure", "stroke")),
+                                         ("my bp is 150/95", ("blood_pressure",)),
+                                         ("孕36周，血压170，头很痛", ("pregnancy", "stroke")),
+                                         ("产后两周 血压150/100", ("pregnancy",))])
+def test_the_blood_pressure_net_line_is_not_given_in_pregnancy_or_after_a_birth(q, families):
+    """"180/120: the same day" would mislead where pre-eclampsia makes a lower reading with a headache urgent
+    (NHS "Pre-eclampsia"): the pregnancy family's line speaks to it."""
+    assert safety_net(normalize(q).text, "zh", "emergency", "120", "12356")[0] == families
