@@ -74,10 +74,10 @@ def _plausible(value: int, bounds: tuple[int, int]) -> bool:
     return bounds[0] <= value <= bounds[1]
 
 
-@memoized
 def readings(text: str) -> tuple[Reading, ...]:
     """The blood-pressure readings a normalized message tells (safety/readings.yaml), in order of the
-    patterns: pairs, then a systolic or diastolic named alone, then a number after "血压" / "bp"."""
+    patterns: pairs, then a systolic or diastolic named alone, then a number after "血压" / "bp".
+    Not memoized: its one caller on the message path, :func:`moderate_bp`, is."""
     found: list[Reading] = []
     context = _CONTEXT.search(text) is not None
     for m in _PAIR.finditer(text):
