@@ -535,3 +535,12 @@ async def test_pregnancy_with_a_raised_reading_stays_an_emergency_and_a_named_me
     medicine yet" does not hide a medicine the person then names."""
     reply = await dispatcher.handle(text(q))
     assert reply.intent is (Intent.EMERGENCY if "孕" in q else Intent.REFER_DOCTOR), reply
+
+
+@pytest.mark.parametrize("q", ["我刚才量血压145/90 吓死我了 是不是要中风了", "我妈血压一直150左右 会不会哪天中风"])
+async def test_a_worry_of_stroke_with_a_reading_and_no_sign_gets_the_blood_pressure_answer_not_call_120(dispatcher, q):
+    """Stroke risk asked with a reading below 180/120 and no sign told (safety/red_flags/rules.yaml stroke.event_zh):
+    the blood-pressure answer, whose text names the signs that need 120, not "call 120 now"."""
+    reply = await dispatcher.handle(text(q))
+    assert reply.intent is Intent.ANSWER and reply.topic == "check.blood_pressure", reply
+    assert "立即打120" in reply.text

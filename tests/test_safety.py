@@ -1399,3 +1399,17 @@ def test_fiction_being_written_ones_work_in_health_and_bystanders_asking_ahead_a
                                      ("what do i do if someone collapses? my neighbour just collapsed in the hallway", "emergency")])
 def test_a_writer_or_a_nurse_with_someone_of_their_own_or_something_now_and_a_crisis_stay_flagged(q, kind):
     _assert_kind(q, kind)
+
+
+@pytest.mark.parametrize("q", ["我刚才量血压145/90 吓死我了 是不是要中风了", "血压160/100 会不会中风啊",
+                               "我妈血压一直150左右 会不会哪天中风", "最近老是头晕 是不是要中风了", "血压高会中风吗"])
+def test_a_question_of_stroke_risk_with_no_sign_is_not_a_stroke_now(q):
+    """Risk asked with no sign told: the decision layer answers it with the stroke warning signs as a safety net
+    (tests/test_dispatcher.py); a sign told has its own flag."""
+    assert match_red_flags(q) == [], match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["我爸好像中风了", "会不会是中风", "他会不会已经中风了", "怕是脑梗了", "我妈刚才突然中风了",
+                               "我感觉要中风了 半边脸麻"])
+def test_a_stroke_named_as_happening_now_stays_flagged(q):
+    assert any(f.startswith("stroke.") for f in match_red_flags(q)), match_red_flags(q)
