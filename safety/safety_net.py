@@ -22,16 +22,23 @@ MAX_FAMILIES = 2
 
 @dataclass(frozen=True)
 class Family:
-    """One family of warning signs: ``id``, compiled ``cues``, and the line per language."""
+    """One family of warning signs: ``id``, compiled ``cues``, the line per language, and the ids of
+    the families whose cues, where they match, keep this one out (``not_with``)."""
 
     id: str
     cues: re.Pattern
     text: dict[str, str]
+    not_with: tuple[str, ...] = ()
 
 
 def _load() -> tuple[tuple[Family, ...], dict[str, dict[str, str]]]:
     data = yaml.load(TABLE.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
-    families = tuple(Family(f["id"], re.compile(f["cues"]), {"zh": f["zh"], "en": f["en"]}) for f in data["families"])
+    families = tuple(Family(f["id"], re.compile(f["cues"]), {"zh": f["zh"], "en": f["en"]}, tuple(f.get("not_with", ())))
+                     for f in data["families"])
+    ids = {f.id for f in families}
+    for f in families:
+        if not ids.issuperset(f.not_with):
+            raise ValueError(f"{TABLE}: family {f.id}: not_with names no family: {sorted(set(f.not_with) - ids)}")
     return families, data["after_danger"]
 
 
@@ -51,12 +58,17 @@ def safety_net(text: str, lang: str, kind: str, number: str, crisis_line: str) -
 
     Returns:
         (family ids, the line text joined by newlines): ``crisis`` alone for a crisis;
-        else the first :data:`MAX_FAMILIES` families whose cues match, or ``general``.
+        else the first :data:`MAX_FAMILIES` families whose cues match and whose ``not_with`` families'
+        cues do not, or ``general``.
+
+    Raises:
+        KeyError: ``{number}`` or ``{crisis_line}`` aside, a placeholder the table's line does not fill.
     """
     if kind == "crisis":
         chosen = [_BY_ID["crisis"]]
     else:
-        chosen = [f for f in FAMILIES if f.cues.search(text)][:MAX_FAMILIES] or [_BY_ID["general"]]
+        cued = {f.id for f in FAMILIES if f.cues.search(text)}
+        chosen = [f for f in FAMILIES if f.id in cued and cued.isdisjoint(f.not_with)][:MAX_FAMILIES] or [_BY_ID["general"]]
     lines = [f.text["zh" if lang == "zh" else "en"].format(number=number, crisis_line=crisis_line) for f in chosen]
     return tuple(f.id for f in chosen), "\n".join(lines)
 

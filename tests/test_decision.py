@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bot.classifier import LABELS, MEMBERS, expected_calibration_error, fit_head
+from bot.classifier import HELD_OUT, LABELS, MEMBERS, expected_calibration_error, fit_head, held_out_mask
 from bot.decision import DecisionConfig, decide
 from bot.types import Intent
 from safety.normalize import normalize
@@ -97,13 +97,21 @@ def test_training_is_deterministic_and_the_report_says_how_calibrated_it_is():
     y = np.repeat(np.arange(len(LABELS)), 40)
     x = centres[y] + rng.normal(scale=1.5, size=(len(y), 16))
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-    a, b = fit_head(x, y), fit_head(x, y)
+    texts = [f"line {i}" for i in range(len(y))]
+    a, b = fit_head(x, y, texts), fit_head(x, y, texts)
     np.testing.assert_array_equal(a[0].w1, b[0].w1)
     net, temperature, report = a
     assert net.w1.shape == (16, 256 * MEMBERS) and net.logits(x[:3]).shape == (3, len(LABELS))
-    assert report["held_out"] == 64 and set(report["recall"]) == set(LABELS)
+    assert report["held_out"] == held_out_mask(texts).sum() and set(report["recall"]) == set(LABELS)
     assert report["log_loss"]["calibrated"] <= report["log_loss"]["raw"] + 1e-9
     assert 0.0 <= report["ece"]["calibrated"] <= 1.0 and temperature > 0
+
+
+def test_lines_added_to_the_training_data_move_no_other_line_in_or_out_of_the_held_out_fifth():
+    texts = [f"第{i}行 头疼怎么办" for i in range(5000)]
+    before, after = held_out_mask(texts), held_out_mask(texts[:2000] + ["新加的一行", "another new line"] + texts[2000:])
+    np.testing.assert_array_equal(np.delete(after, [2000, 2001]), before)
+    assert abs(before.mean() - HELD_OUT) < 0.02
 
 
 def test_expected_calibration_error_is_zero_when_confidence_matches_accuracy():
