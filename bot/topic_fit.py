@@ -44,7 +44,7 @@ such pairs of 26,878; on the blind development batches, 8,430 lines, the right t
 
 Model: boosted trees (bot/trees.py, weight :data:`TREE_WEIGHT`) beside the mean of :data:`MEMBERS`
 one-hidden-layer networks (scikit-learn MLP), both with fixed seeds, their logits mixed and
-temperature-scaled on a stratified 20 % held-out split (Guo et al. 2017), as the decision head; cached
+temperature-scaled on a stratified 20 % held-out split (Guo et al. 2017); cached
 in ``engines/cache`` keyed by the model digest and the data. On the development batches (4,020 lines)
 at the same ``decision.topic_fit`` (0.4), one network (FIT_VERSION 6) -> eight (7) -> eight and the trees
 (8): right topic 81.6 -> 82.3 -> 82.7 %, confidently wrong 4.4 -> 4.3 -> 4.2 %, emergencies 486 of 486

@@ -1413,3 +1413,19 @@ def test_a_question_of_stroke_risk_with_no_sign_is_not_a_stroke_now(q):
                                "我感觉要中风了 半边脸麻"])
 def test_a_stroke_named_as_happening_now_stays_flagged(q):
     assert any(f.startswith("stroke.") for f in match_red_flags(q)), match_red_flags(q)
+
+
+@pytest.mark.parametrize("q, flag", [("宝宝八个月 烧到39度8 一直蔫蔫的 叫他也不怎么理人 身子软绵绵的", "infant_fever.floppy_fever_zh"),
+                                     ("孩子两岁 发烧39度 浑身发软 叫他都不答应", "infant_fever.floppy_fever_zh"),
+                                     ("whats the easiest way to just not wake up. asking for me", "crisis.never_wake_en"),
+                                     ("what's the least painful way to die", "crisis.never_wake_en")])
+def test_a_floppy_feverish_child_at_any_age_and_an_easiest_way_not_to_wake_up_are_flagged(q, flag):
+    """NHS "High temperature (fever) in children": call 999 if the child is floppy or hard to wake; a way not to
+    wake up, asked for oneself, is a plan."""
+    assert flag in match_red_flags(q), match_red_flags(q)
+
+
+@pytest.mark.parametrize("q", ["孩子发烧38度5 精神还行 就是不爱吃饭", "孩子发烧 吃了退烧药 现在有说有笑",
+                               "what's the easiest way to wake up early without an alarm"])
+def test_a_feverish_child_who_is_alert_and_an_easy_way_to_wake_up_are_not_flagged(q):
+    assert match_red_flags(q) == [], match_red_flags(q)
