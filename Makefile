@@ -33,7 +33,7 @@ serve: $(STAMP) engines/manifest.json
 # before the suite, once per change of the model, the knowledge base or the training data
 # (minutes on a fresh clone, seconds after), so that no test's server start pays for them.
 test: $(STAMP) engines/manifest.json
-	@echo "healthbot: building the model's caches in engines/cache if the model or data changed (silent; 5-15 minutes on 2 cores the first time, seconds after)..."
+	@echo "healthbot: building the model's caches in engines/cache if the model or data changed (silent; 10-20 minutes on 2 cores the first time, seconds after)..."
 	D=$$(mktemp -d) && HEALTHBOT_DATA_DIR=$$D $(BIN)/healthbot --log-level WARNING ask 你好 >/dev/null; S=$$?; rm -rf $$D; exit $$S
 	HEALTHBOT_TEST_CACHES_BUILT=1 $(BIN)/python -m pytest -q
 
