@@ -1404,8 +1404,8 @@ def test_a_writer_or_a_nurse_with_someone_of_their_own_or_something_now_and_a_cr
 @pytest.mark.parametrize("q", ["我刚才量血压145/90 吓死我了 是不是要中风了", "血压160/100 会不会中风啊",
                                "我妈血压一直150左右 会不会哪天中风", "最近老是头晕 是不是要中风了", "血压高会中风吗"])
 def test_a_question_of_stroke_risk_with_no_sign_is_not_a_stroke_now(q):
-    """Risk asked with no sign told: the decision layer answers it with the stroke warning signs as a safety net
-    (tests/test_dispatcher.py); a sign told has its own flag."""
+    """Risk asked with no sign told is left to the decision layer (with a reading, the blood-pressure answer:
+    tests/test_dispatcher.py); a sign told has its own flag."""
     assert match_red_flags(q) == [], match_red_flags(q)
 
 
